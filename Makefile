@@ -1,0 +1,36 @@
+# Two commands do everything on a fresh machine:
+#   make demo   # venv + install + tiny models (if missing) + the main job on the CPU default
+#   make test   # venv + install + the test suite (what CI runs: .ci/run)
+SHELL := /bin/bash
+PY ?= python3
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+TRTSPEC := $(VENV)/bin/trtspec
+RECIPE ?= build_configs/tiny-cpu-draft-target.yaml
+# Re-install when the project's dependency list changes.
+STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
+
+.PHONY: install models demo test clean-venv
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
+	$(PYTHON) -m pip install -q -U pip
+	# torch first, pinned: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
+	$(PYTHON) -m pip install -q torch==2.13.0
+	$(PYTHON) -m pip install -q -e ".[dev,gguf]"
+	@rm -f $(VENV)/.installed-*
+	@touch $(STAMP)
+
+models: $(STAMP)
+	$(TRTSPEC) models tiny --out models
+
+demo: models
+	$(TRTSPEC) run $(RECIPE)
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,610 @@
+"""The deployment recipe: one strict, typed config tree (``build_configs/*.yaml``).
+
+Unknown keys are errors; every error names the dotted field, the bad value and what is allowed.
+The speculation method is a discriminated union on ``speculation.method``: one class per method,
+each validating its own fields (TRT-LLM's LLM-API configs are the model; unlike them, nothing
+here silently rewrites a user value).
+
+Relative paths in a recipe are resolved against the recipe file's folder.
+"""
+
+from __future__ import annotations
+
+import pathlib
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from trtspec.errors import ConfigError, ConfigErrors
+
+QuantFormat = Literal["none", "fp8", "int8_sq", "int8_wo", "int4_wo", "int4_awq", "w4a8_awq", "nvfp4"]
+KVCacheFormat = Literal["none", "fp8", "int8"]
+Runtime = Literal["torch", "trtllm-engine", "trtllm-pytorch"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+GpuArch = Literal["any", "ampere", "ada", "hopper", "blackwell"]
+
+METHODS = ("none", "draft_target", "eagle", "eagle3", "ngram", "medusa", "lookahead", "mtp")
+
+# Which runtime runs which method (reference/trtllm-triton.md §0.2, §1.3, §1.4).
+# The torch runtime is ours: it runs the methods a draft model, an EAGLE-3 head or the prompt
+# can propose for. Medusa and lookahead are TRT-engine only; EAGLE-1/2 is TRT-engine only;
+# EAGLE-3, NGram V2 and DraftTarget are PyTorch-flow in TRT-LLM; MTP needs MTP layers.
+METHOD_RUNTIMES: dict[str, tuple[str, ...]] = {
+    "none": ("torch", "trtllm-engine", "trtllm-pytorch"),
+    "draft_target": ("torch", "trtllm-engine", "trtllm-pytorch"),
+    "eagle": ("trtllm-engine",),
+    "eagle3": ("torch", "trtllm-pytorch"),
+    "ngram": ("torch", "trtllm-engine", "trtllm-pytorch"),
+    "medusa": ("trtllm-engine",),
+    "lookahead": ("trtllm-engine",),
+    "mtp": ("trtllm-pytorch",),
+}
+
+
+class Strict(BaseModel):
+    """Base for every config node: unknown keys are errors, values are not coerced across types."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+# --------------------------------------------------------------------------------------------
+# models and quantization
+
+
+class Calibration(Strict):
+    """Calibration data for ModelOpt PTQ."""
+
+    dataset: str = Field(
+        "builtin",
+        description="'builtin' (stdlib source + built-in chat/code prompts) or a path to .jsonl/.txt",
+    )
+    size: int = Field(64, ge=1, le=100_000, description="number of calibration sequences")
+    seq_len: int = Field(128, ge=8, le=32_768, description="tokens per calibration sequence")
+
+
+class Quantization(Strict):
+    format: QuantFormat = "none"
+    kv_cache: KVCacheFormat = "none"
+    calibration: Calibration = Calibration()
+    force: bool = Field(False, description="build even a combination known to fail upstream")
+
+
+class ModelSpec(Strict):
+    """A model checkpoint: an HF folder (``config.json`` + safetensors + tokenizer)."""
+
+    model: str = Field(..., min_length=1, description="HF checkpoint folder (local path)")
+    tokenizer: str | None = Field(None, description="tokenizer folder if not beside the weights")
+    quantization: Quantization = Quantization()
+
+
+# --------------------------------------------------------------------------------------------
+# speculation methods: one class per method, selected by the literal ``method``
+
+
+class NoSpeculation(Strict):
+    """Ordinary autoregressive decoding (the baseline)."""
+
+    method: Literal["none"]
+
+
+class DraftTarget(Strict):
+    """A separate, smaller draft model proposes ``max_draft_len`` tokens; the target verifies."""
+
+    method: Literal["draft_target"]
+    draft: ModelSpec
+    max_draft_len: int = Field(4, ge=1, le=32)
+    # TRT-LLM engine flow: compare draft logits (rejection sampling) instead of draft tokens.
+    use_draft_logits: bool = False
+
+
+class Eagle(Strict):
+    """EAGLE-1/2 head (TRT-LLM engine flow only): a static choices tree or EAGLE-2 dynamic tree."""
+
+    method: Literal["eagle"]
+    head: ModelSpec
+    max_draft_len: int = Field(63, ge=1, le=256)  # tree size; convert_checkpoint asserts <= 256
+    num_eagle_layers: int = Field(4, ge=1, le=16)  # maximum depth of the choices tree
+    max_non_leaves_per_layer: int = Field(10, ge=1, le=256)
+    eagle_choices: list[list[int]] | None = Field(
+        None, description="static tree, e.g. [[0],[0,0],[1]]; None = TRT-LLM's default mc_sim_7b_63"
+    )
+    use_dynamic_tree: bool = False  # EAGLE-2
+    dynamic_tree_max_top_k: int = Field(10, ge=1, le=64)
+    posterior_threshold: float | None = Field(None, gt=0, lt=1, description="typical acceptance")
+
+    @model_validator(mode="after")
+    def _tree(self) -> "Eagle":
+        if self.eagle_choices is None:
+            return self
+        if not self.eagle_choices:
+            raise ValueError("eagle_choices: must not be empty; omit it to use the default tree")
+        seen = set()
+        for path in self.eagle_choices:
+            if not path or any(c < 0 for c in path):
+                raise ValueError(f"eagle_choices: path {path} must be a non-empty list of child indices >= 0")
+            t = tuple(path)
+            if t in seen:
+                raise ValueError(f"eagle_choices: path {path} appears twice")
+            seen.add(t)
+        for t in seen:
+            if len(t) > 1 and t[:-1] not in seen:
+                raise ValueError(f"eagle_choices: path {list(t)} has no parent {list(t[:-1])} in the tree")
+        depth = max(len(p) for p in self.eagle_choices)
+        if depth > self.num_eagle_layers:
+            raise ValueError(
+                f"eagle_choices: tree depth {depth} exceeds num_eagle_layers={self.num_eagle_layers}; "
+                f"raise num_eagle_layers to {depth} or prune the tree"
+            )
+        if len(self.eagle_choices) > self.max_draft_len:
+            raise ValueError(
+                f"eagle_choices: {len(self.eagle_choices)} nodes exceed max_draft_len={self.max_draft_len}; "
+                f"set max_draft_len >= {len(self.eagle_choices)}"
+            )
+        by_depth: dict[int, set[tuple[int, ...]]] = {}
+        for t in seen:
+            if len(t) > 1:
+                by_depth.setdefault(len(t) - 1, set()).add(t[:-1])
+        for d, parents in by_depth.items():
+            if len(parents) > self.max_non_leaves_per_layer:
+                raise ValueError(
+                    f"eagle_choices: layer {d} has {len(parents)} non-leaf nodes, more than "
+                    f"max_non_leaves_per_layer={self.max_non_leaves_per_layer}"
+                )
+        return self
+
+
+class Eagle3(Strict):
+    """EAGLE-3 head: features from the target's low/mid/high hidden states + token embeddings,
+    one decoder layer, the target's LM head. Torch runtime and TRT-LLM PyTorch flow."""
+
+    method: Literal["eagle3"]
+    head: ModelSpec
+    max_draft_len: int = Field(4, ge=1, le=32)
+    use_dynamic_tree: bool = False
+    dynamic_tree_max_top_k: int = Field(10, ge=1, le=64)
+    max_total_draft_tokens: int | None = Field(None, ge=1, le=1024)
+    eagle3_one_model: bool = True
+
+    @model_validator(mode="after")
+    def _dynamic_tree(self) -> "Eagle3":
+        if self.max_total_draft_tokens is not None:
+            lo, hi = self.max_draft_len, self.dynamic_tree_max_top_k * self.max_draft_len
+            if not self.use_dynamic_tree and self.max_total_draft_tokens != self.max_draft_len:
+                raise ValueError(
+                    f"max_total_draft_tokens: a linear (non-tree) draft has exactly max_draft_len="
+                    f"{self.max_draft_len} tokens; set use_dynamic_tree: true or drop the field"
+                )
+            if not lo <= self.max_total_draft_tokens <= hi:
+                raise ValueError(
+                    f"max_total_draft_tokens: must satisfy max_draft_len <= max_total_draft_tokens <= "
+                    f"dynamic_tree_max_top_k * max_draft_len, i.e. {lo}..{hi}"
+                )
+        return self
+
+
+class NGram(Strict):
+    """Prompt lookup: match the last n tokens against the prompt and generated text."""
+
+    method: Literal["ngram"]
+    max_draft_len: int = Field(4, ge=1, le=32)
+    max_matching_ngram_size: int = Field(3, ge=1, le=16)
+    min_matching_ngram_size: int = Field(1, ge=1, le=16)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> "NGram":
+        if self.min_matching_ngram_size > self.max_matching_ngram_size:
+            raise ValueError(
+                f"min_matching_ngram_size={self.min_matching_ngram_size} is larger than "
+                f"max_matching_ngram_size={self.max_matching_ngram_size}"
+            )
+        return self
+
+
+class Medusa(Strict):
+    """Medusa heads (TRT-LLM engine flow only; greedy only)."""
+
+    method: Literal["medusa"]
+    head: ModelSpec
+    num_medusa_heads: int = Field(4, ge=1, le=16)
+    max_draft_len: int = Field(63, ge=1, le=256)
+    medusa_choices: list[list[int]] | None = None
+
+    @model_validator(mode="after")
+    def _choices(self) -> "Medusa":
+        if self.medusa_choices is not None:
+            depth = max((len(p) for p in self.medusa_choices), default=0)
+            if depth > self.num_medusa_heads:
+                raise ValueError(
+                    f"medusa_choices: depth {depth} exceeds num_medusa_heads={self.num_medusa_heads}"
+                )
+            if len(self.medusa_choices) > self.max_draft_len:
+                raise ValueError(
+                    f"medusa_choices: {len(self.medusa_choices)} nodes exceed max_draft_len={self.max_draft_len}"
+                )
+        return self
+
+
+def lookahead_max_draft_len(window_size: int, ngram_size: int, verification_set_size: int) -> int:
+    """TRT-LLM's lookahead draft length for (W, N, G): (0 if N == 1 else N-2) + (W-1+G)(N-1)."""
+    w, n, g = window_size, ngram_size, verification_set_size
+    return (0 if n == 1 else n - 2) + (w - 1 + g) * (n - 1)
+
+
+class Lookahead(Strict):
+    """Lookahead decoding (Jacobi + n-gram pool; TRT-LLM engine flow only)."""
+
+    method: Literal["lookahead"]
+    window_size: int = Field(4, ge=1, le=64)  # W
+    ngram_size: int = Field(3, ge=1, le=64)  # N
+    verification_set_size: int = Field(4, ge=1, le=64)  # G
+    max_draft_len: int | None = Field(
+        None, description="must equal (N-2) + (W-1+G)(N-1); omit to have it checked, not guessed"
+    )
+
+    @model_validator(mode="after")
+    def _formula(self) -> "Lookahead":
+        want = lookahead_max_draft_len(self.window_size, self.ngram_size, self.verification_set_size)
+        if self.max_draft_len is not None and self.max_draft_len != want:
+            raise ValueError(
+                f"max_draft_len={self.max_draft_len} does not match lookahead (W={self.window_size}, "
+                f"N={self.ngram_size}, G={self.verification_set_size}): (N-2) + (W-1+G)(N-1) = {want}; "
+                f"set max_draft_len: {want} (the engine and executor_lookahead_config must agree)"
+            )
+        return self
+
+    @property
+    def effective_max_draft_len(self) -> int:
+        return lookahead_max_draft_len(self.window_size, self.ngram_size, self.verification_set_size)
+
+
+class MTP(Strict):
+    """Multi-token prediction layers of the target itself (DeepSeek-style; TRT-LLM PyTorch flow)."""
+
+    method: Literal["mtp"]
+    max_draft_len: int = Field(1, ge=1, le=8)  # = num_nextn_predict_layers
+    use_relaxed_acceptance_for_thinking: bool = False
+
+
+Speculation = Annotated[
+    Union[NoSpeculation, DraftTarget, Eagle, Eagle3, NGram, Medusa, Lookahead, MTP],
+    Field(discriminator="method"),
+]
+
+
+# --------------------------------------------------------------------------------------------
+# runtime, limits, serving, validation
+
+
+class Adaptive(Strict):
+    """Run-time fallback: shrink or stop drafting when rolling acceptance falls below break-even."""
+
+    enabled: bool = True
+    window: int = Field(64, ge=4, le=100_000, description="draft tokens in the rolling window")
+    # None: derive break-even from the measured cost ratio (see trtspec.speculative.tune)
+    min_acceptance_rate: float | None = Field(None, ge=0, le=1)
+
+
+class TrtllmOptions(Strict):
+    """TensorRT-LLM specifics (ignored by the torch runtime)."""
+
+    version: str = Field("1.2.1", description="TRT-LLM release the plan is generated for")
+    checkpoint_dtype: Literal["float16", "bfloat16", "float32", "auto"] = "float16"
+    gemm_plugin: Literal["auto", "float16", "bfloat16", "fp8", "disable"] = "auto"
+    kv_cache_free_gpu_mem_fraction: float = Field(0.85, gt=0, le=1)
+    draft_kv_cache_free_gpu_mem_fraction: float = Field(0.1, gt=0, le=1)
+    enable_kv_cache_reuse: bool = True
+    max_num_tokens: int | None = Field(None, ge=1)
+    gpu_device_ids: list[int] | None = None
+    draft_gpu_device_ids: list[int] | None = None
+    container_image: str = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+
+    @model_validator(mode="after")
+    def _mem(self) -> "TrtllmOptions":
+        total = self.kv_cache_free_gpu_mem_fraction + self.draft_kv_cache_free_gpu_mem_fraction
+        if total > 1.0:
+            raise ValueError(
+                f"kv_cache_free_gpu_mem_fraction + draft_kv_cache_free_gpu_mem_fraction = {total:.2f} > 1; "
+                "draft and target share the GPU: lower one of them"
+            )
+        return self
+
+
+class RuntimeConfig(Strict):
+    backend: Runtime = "torch"
+    dtype: Dtype = "float32"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    gpu_arch: GpuArch = Field("any", description="deployment GPU family; gates nvfp4 (Blackwell only)")
+    torch_threads: int | None = Field(None, ge=1, le=1024)
+    adaptive: Adaptive = Adaptive()
+    trtllm: TrtllmOptions = TrtllmOptions()
+
+
+class Limits(Strict):
+    max_batch_size: int = Field(8, ge=1, le=4096)
+    max_input_len: int = Field(512, ge=1, le=1_048_576)
+    max_seq_len: int = Field(1024, ge=2, le=1_048_576)
+    tensor_parallel_size: int = Field(1, ge=1, le=64)
+    pipeline_parallel_size: int = Field(1, ge=1, le=64)
+    draft_tensor_parallel_size: int | None = Field(None, ge=1, le=64)
+
+    @model_validator(mode="after")
+    def _lens(self) -> "Limits":
+        if self.max_input_len >= self.max_seq_len:
+            raise ValueError(
+                f"max_input_len={self.max_input_len} must be smaller than max_seq_len={self.max_seq_len} "
+                "(max_seq_len counts prompt + generated tokens)"
+            )
+        for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+            v = getattr(self, name)
+            if v & (v - 1):
+                raise ValueError(f"{name}={v} must be a power of two (1, 2, 4, 8, ...)")
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+
+class Serving(Strict):
+    host: str = "127.0.0.1"
+    grpc_port: int = Field(0, ge=0, le=65535, description="0 = pick a free port")
+    http_port: int = Field(0, ge=0, le=65535)
+    metrics_port: int = Field(0, ge=0, le=65535)
+    instances: int = Field(1, ge=1, le=64)
+    streaming: bool = True
+    speculative_fraction: float = Field(
+        1.0, ge=0, le=1, description="share of traffic the router sends to the speculative path"
+    )
+    max_queue_size: int = Field(64, ge=0, le=1_000_000)
+    ready_timeout_s: float = Field(180, gt=0)
+
+
+class Sampling(Strict):
+    temperature: float = Field(0.0, ge=0, le=100)
+    top_k: int = Field(0, ge=0, le=1_000_000)
+    top_p: float = Field(1.0, gt=0, le=1)
+    seed: int = Field(0, ge=0)
+    beam_width: int = Field(1, ge=1, le=64)
+
+
+class Gates(Strict):
+    """Rollout gates: all must pass to deploy speculative; else keep the baseline."""
+
+    min_speedup: float = Field(1.1, gt=0, description="speculative / baseline output tokens/s")
+    at_concurrency: int = Field(1, ge=1)
+    max_mismatch_rate: float = Field(0.0, ge=0, le=1, description="greedy prompts allowed to differ")
+    min_acceptance_rate: float = Field(0.3, ge=0, le=1)
+
+
+class Validation(Strict):
+    prompts: str = Field("builtin:code", description="builtin:code | builtin:chat | builtin:mixed | path.jsonl")
+    num_prompts: int = Field(16, ge=1, le=100_000)
+    max_tokens: int = Field(64, ge=1, le=1_048_576)
+    concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4])
+    requests_per_level: int = Field(16, ge=1)
+    warmup_requests: int = Field(2, ge=0)
+    equivalence_tolerance: int = Field(
+        0, ge=0, description="greedy prompts may differ from the baseline only after this many tokens (0 = exact)"
+    )
+    sampled_check_samples: int = Field(0, ge=0, description="samples per prompt for the sampled check")
+    sampling: Sampling = Sampling()
+    gates: Gates = Gates()
+
+    @field_validator("concurrency")
+    @classmethod
+    def _conc(cls, v: list[int]) -> list[int]:
+        if not v or any(c < 1 for c in v):
+            raise ValueError("concurrency must be a non-empty list of integers >= 1, e.g. [1, 2, 4]")
+        return v
+
+
+# --------------------------------------------------------------------------------------------
+# the recipe
+
+
+class Recipe(Strict):
+    """A deployment recipe (``build_configs/*.yaml``)."""
+
+    name: str = Field(..., pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", max_length=100)
+    description: str = ""
+    target: ModelSpec
+    speculation: Speculation
+    runtime: RuntimeConfig = RuntimeConfig()
+    limits: Limits = Limits()
+    serving: Serving = Serving()
+    validation: Validation = Validation()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Recipe":
+        method, backend = self.speculation.method, self.runtime.backend
+        allowed = METHOD_RUNTIMES[method]
+        if backend not in allowed:
+            raise _FieldProblem(
+                "runtime.backend",
+                backend,
+                f"speculation method '{method}' does not run on runtime '{backend}'; "
+                f"it runs on: {', '.join(allowed)}",
+            )
+        if method != "none" and self.validation.sampling.beam_width > 1:
+            raise _FieldProblem(
+                "validation.sampling.beam_width",
+                self.validation.sampling.beam_width,
+                "beam search cannot be combined with speculative decoding (no runtime supports it); "
+                "use beam_width: 1 or speculation.method: none",
+            )
+        if method == "medusa" and self.validation.sampling.temperature > 0:
+            raise _FieldProblem(
+                "validation.sampling.temperature",
+                self.validation.sampling.temperature,
+                "Medusa decodes greedily only; set temperature: 0",
+            )
+        if method == "eagle" and self.limits.pipeline_parallel_size > 1:
+            raise _FieldProblem(
+                "limits.pipeline_parallel_size",
+                self.limits.pipeline_parallel_size,
+                "EAGLE does not support pipeline parallelism; use tensor parallelism instead",
+            )
+        if backend == "torch" and self.limits.world_size > 1:
+            raise _FieldProblem(
+                "limits.tensor_parallel_size",
+                self.limits.tensor_parallel_size,
+                "the torch runtime runs on one device; use a trtllm runtime for TP/PP > 1",
+            )
+        if self.validation.max_tokens + 1 > self.limits.max_seq_len:
+            raise _FieldProblem(
+                "validation.max_tokens",
+                self.validation.max_tokens,
+                f"does not fit in limits.max_seq_len={self.limits.max_seq_len}",
+            )
+        return self
+
+    # ---- conveniences
+    @property
+    def draft_spec(self) -> ModelSpec | None:
+        return getattr(self.speculation, "draft", None) or getattr(self.speculation, "head", None)
+
+    @property
+    def max_draft_len(self) -> int:
+        s = self.speculation
+        if isinstance(s, Lookahead):
+            return s.effective_max_draft_len
+        return getattr(s, "max_draft_len", 0)
+
+
+class _FieldProblem(ValueError):
+    """Raised inside cross-field validators so the error points at the right field."""
+
+    def __init__(self, field: str, value: Any, problem: str):
+        self.field, self.value, self.problem = field, value, problem
+        super().__init__(problem)
+
+
+# --------------------------------------------------------------------------------------------
+# loading
+
+
+_FIXES = {
+    "extra_forbidden": "remove the key, or check its spelling against the schema (trtspec check --schema)",
+    "missing": "add the key",
+    "literal_error": "use one of the allowed values",
+    "union_tag_invalid": "use one of the allowed methods: " + ", ".join(METHODS),
+    "union_tag_not_found": "add speculation.method (one of: " + ", ".join(METHODS) + ")",
+}
+
+
+def _loc(loc: tuple) -> str:
+    parts: list[str] = []
+    for p in loc:
+        if isinstance(p, int):
+            parts.append(f"[{p}]")
+        elif p in METHODS or (isinstance(p, str) and p.startswith("function-")):
+            continue  # discriminated-union branch name, not a user key
+        else:
+            parts.append(("." if parts else "") + str(p))
+    return "".join(parts) or "<root>"
+
+
+def _from_validation_error(exc: ValidationError) -> list[ConfigError]:
+    out: list[ConfigError] = []
+    for err in exc.errors(include_url=False):
+        ctx_err = (err.get("ctx") or {}).get("error")
+        if isinstance(ctx_err, _FieldProblem):
+            out.append(ConfigError(ctx_err.field, ctx_err.value, ctx_err.problem))
+            continue
+        field = _loc(tuple(err["loc"]))
+        msg = err["msg"]
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        # model-level validators report at the node; name the key they mention when they do
+        if err["type"] == "value_error" and ":" in msg.split(" ")[0]:
+            key = msg.split(":", 1)[0]
+            if key.isidentifier():
+                field = f"{field}.{key}" if field != "<root>" else key
+                msg = msg.split(":", 1)[1].strip()
+        elif err["type"] == "value_error":
+            first = msg.split("=", 1)[0].split(" ")[0]
+            if first.isidentifier() and "=" in msg.split(" ")[0]:
+                field = f"{field}.{first}" if field != "<root>" else first
+        out.append(ConfigError(field, err.get("input"), msg, fix=_FIXES.get(err["type"])))
+    return out
+
+
+def parse_recipe(data: Any, *, source: str | None = None, base_dir: pathlib.Path | None = None) -> Recipe:
+    """Validate a recipe mapping. Raises ``ConfigErrors`` listing every problem."""
+    if not isinstance(data, dict):
+        raise ConfigErrors(
+            [ConfigError("<root>", type(data).__name__, "a recipe must be a YAML mapping of keys to values")],
+            source,
+        )
+    try:
+        recipe = Recipe.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigErrors(_from_validation_error(exc), source) from None
+    if base_dir is not None:
+        recipe = _resolve_paths(recipe, base_dir)
+    return recipe
+
+
+def load_recipe(path: str | pathlib.Path) -> Recipe:
+    """Read and validate ``path``. Relative model paths resolve against the file's folder."""
+    p = pathlib.Path(path)
+    if not p.is_file():
+        raise ConfigErrors(
+            [ConfigError("CONFIG", str(p), "recipe file not found", fix="pass a path such as build_configs/tiny-cpu-draft-target.yaml")]
+        )
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        raise ConfigErrors(
+            [ConfigError("<yaml>", where, f"not valid YAML: {getattr(exc, 'problem', exc)}")], str(p)
+        ) from None
+    return parse_recipe(data, source=str(p), base_dir=p.resolve().parent)
+
+
+def _resolve(base: pathlib.Path, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if value.startswith("builtin"):
+        return value
+    path = pathlib.Path(value).expanduser()
+    return str(path if path.is_absolute() else (base / path).resolve())
+
+
+def _resolve_spec(spec: ModelSpec, base: pathlib.Path) -> ModelSpec:
+    cal = spec.quantization.calibration
+    quant = spec.quantization.model_copy(
+        update={"calibration": cal.model_copy(update={"dataset": _resolve(base, cal.dataset)})}
+    )
+    return spec.model_copy(
+        update={"model": _resolve(base, spec.model), "tokenizer": _resolve(base, spec.tokenizer), "quantization": quant}
+    )
+
+
+def _resolve_paths(recipe: Recipe, base: pathlib.Path) -> Recipe:
+    update: dict[str, Any] = {"target": _resolve_spec(recipe.target, base)}
+    spec = recipe.speculation
+    for key in ("draft", "head"):
+        if hasattr(spec, key):
+            update["speculation"] = spec.model_copy(update={key: _resolve_spec(getattr(spec, key), base)})
+    val = recipe.validation
+    if not val.prompts.startswith("builtin:"):
+        update["validation"] = val.model_copy(update={"prompts": _resolve(base, val.prompts)})
+    return recipe.model_copy(update=update)
+
+
+def recipe_to_dict(recipe: Recipe) -> dict[str, Any]:
+    return recipe.model_dump(mode="json")
+
+
+def json_schema() -> dict[str, Any]:
+    return Recipe.model_json_schema()

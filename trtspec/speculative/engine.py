@@ -1,0 +1,465 @@
+"""The torch runtime: batched speculative decoding with per-row acceptance.
+
+One engine step, for every active request (row) at once:
+
+  1. propose   the proposer drafts up to k_b tokens per row            → tokens [B, K]
+  2. verify    one target pass over [last token, d_1..d_K] per row       → logits [B, K+1, V]
+  3. accept    the verifier keeps the matching prefix n_b and emits one
+               correction/bonus token                                     (verify.py)
+  4. commit    append d_1..d_n + next; stop at EOS / max tokens
+  5. roll back target cache pointer = committed - 1; proposer.accept(n)   (no recompute)
+
+Requests join between steps (continuous batching): a new request is prefilled alone in a free
+slot, emits its first token, and takes part in the next batched step. Without a proposer (or
+when the adaptive controller sets k = 0) a step is ordinary decoding, so the same engine is the
+baseline.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import resource
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from trtspec.errors import TrtspecError
+from trtspec.speculative.model import CausalLM, Step
+from trtspec.speculative.proposers import Proposer
+from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
+from trtspec.speculative.stats import AdaptiveDraftLength, RequestStats
+from trtspec.speculative.verify import verify_greedy, verify_sampled
+
+
+class RequestError(TrtspecError):
+    """A request the engine cannot serve (too long, bad ids)."""
+
+    exit_code = 2
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    params: SamplingParams
+    id: int = 0
+    submitted: float = field(default_factory=time.perf_counter)
+
+
+@dataclass
+class Event:
+    """What one step produced for one request."""
+
+    request: Request
+    new_tokens: list[int]
+    finished: bool
+    finish_reason: str | None  # "stop" | "length" | "cancelled" | None
+    stats: RequestStats
+
+
+@dataclass
+class Generation:
+    request: Request
+    token_ids: list[int]  # generated only
+    finish_reason: str
+    stats: RequestStats
+
+
+@dataclass
+class _Slot:
+    req: Request
+    seq: list[int]  # prompt + generated (committed)
+    stats: RequestStats
+    generator: torch.Generator | None
+    adaptive: AdaptiveDraftLength | None
+    eos: set[int]
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class Engine:
+    def __init__(
+        self,
+        target: CausalLM,
+        proposer: Proposer | None = None,
+        *,
+        max_draft_len: int = 4,
+        max_batch_size: int = 8,
+        max_seq_len: int = 1024,
+        eos_token_id: int | None = None,
+        adaptive: bool = False,
+        adaptive_window: int = 64,
+        min_acceptance_rate: float | None = None,
+    ):
+        self.target = target
+        self.proposer = proposer
+        self.max_draft_len = max_draft_len if proposer is not None else 0
+        self.max_batch_size = max_batch_size
+        self.max_seq_len = max_seq_len
+        self.device = target.lm_head.weight.device
+        self.eos_token_id = eos_token_id if eos_token_id is not None else target.args.eos_token_id
+        # head room: a verify pass writes K+1 positions past the committed length
+        self.cache = target.new_cache(max_batch_size, max_seq_len + self.max_draft_len + 2)
+        self.valid = [0] * max_batch_size  # target cache holds committed[:valid]; committed[-1] is pending
+        self.slots: list[_Slot | None] = [None] * max_batch_size
+        self.adaptive = adaptive and proposer is not None
+        self.adaptive_window = adaptive_window
+        self.min_acceptance_rate = min_acceptance_rate
+        # measured step costs (seconds, EMA) for the adaptive controller and `trtspec tune`
+        self.cost = {"draft_token": None, "target_step": None, "verify": {}}
+        self._ids = itertools.count(1)
+
+    # ------------------------------------------------------------------ requests
+
+    @property
+    def free_slots(self) -> int:
+        return sum(s is None for s in self.slots)
+
+    @property
+    def active(self) -> int:
+        return self.max_batch_size - self.free_slots
+
+    def validate(self, prompt: list[int], params: SamplingParams) -> None:
+        vocab = self.target.args.vocab_size
+        if not prompt:
+            raise RequestError("prompt is empty", fix="send at least one token")
+        if len(prompt) + 1 > self.max_seq_len:
+            raise RequestError(
+                f"prompt has {len(prompt)} tokens; max_seq_len is {self.max_seq_len}",
+                fix="shorten the prompt or raise limits.max_seq_len",
+            )
+        bad = [t for t in prompt if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"token ids out of range [0, {vocab}): {bad[:5]}")
+
+    @torch.inference_mode()
+    def add(self, prompt: list[int], params: SamplingParams, request: Request | None = None) -> Event:
+        """Prefill ``prompt`` in a free slot; returns the event carrying the first token."""
+        self.validate(prompt, params)
+        slot = next((i for i, s in enumerate(self.slots) if s is None), None)
+        if slot is None:
+            raise RequestError(f"all {self.max_batch_size} slots are busy", fix="wait for a request to finish")
+        req = request or Request(list(prompt), params, id=next(self._ids))
+        stats = RequestStats(prompt_tokens=len(prompt))
+        t0 = time.perf_counter()
+        stats.queue_s = t0 - req.submitted
+        gen = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
+        if gen is None and not params.greedy:
+            gen = torch.Generator(device="cpu").manual_seed(int(torch.randint(0, 2**31, ()).item()))
+        layers = self.proposer.target_hidden_layers if self.proposer else ()
+        ids = torch.tensor([prompt], device=self.device)
+        out = self.target(ids, self.cache, Step([slot], [0], len(prompt)), logits="last", hidden_layers=layers)
+        logits, hidden = (out[0], out[1]) if layers else (out, None)
+        first = self._pick(logits[0, -1], params, gen)
+        _sync(self.device)
+        eos = set(params.stop_token_ids)
+        if self.eos_token_id is not None and not params.ignore_eos:
+            eos.add(self.eos_token_id)
+        adaptive = (
+            AdaptiveDraftLength(self.max_draft_len, self.adaptive_window, self.min_acceptance_rate)
+            if self.adaptive
+            else None
+        )
+        s = _Slot(req, list(prompt), stats, gen, adaptive, eos)
+        self.valid[slot] = len(prompt)
+        if self.proposer is not None:
+            self.proposer.prefill(slot, s.seq + [first], torch.cat(hidden, -1) if hidden else None)
+        _sync(self.device)
+        now = time.perf_counter()
+        stats.prefill_s = now - t0
+        stats.ttft_s = now - req.submitted
+        stats.started = t0
+        self.slots[slot] = s
+        return self._commit(slot, [first], now)
+
+    def cancel(self, request: Request) -> Event | None:
+        for i, s in enumerate(self.slots):
+            if s is not None and s.req is request:
+                return self._finish(i, "cancelled", time.perf_counter())
+        return None
+
+    # ------------------------------------------------------------------ the step
+
+    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> int:
+        if params.greedy:
+            return int(logits.argmax())
+        return int(sample(logits_to_probs(logits, params), gen))
+
+    def _draft_len(self, s: _Slot) -> int:
+        room = min(
+            s.req.params.max_new_tokens - s.stats.generated,  # tokens still allowed
+            self.max_seq_len - len(s.seq),
+        )
+        k = s.adaptive.k if s.adaptive else self.max_draft_len
+        return max(0, min(k, room - 1))  # a step can emit k + 1 tokens
+
+    @torch.inference_mode()
+    def step(self) -> list[Event]:
+        """One speculative (or plain) decoding step for every active request."""
+        rows = [i for i, s in enumerate(self.slots) if s is not None]
+        if not rows:
+            return []
+        slots = [self.slots[i] for i in rows]
+        B = len(rows)
+        ks = [self._draft_len(s) for s in slots]
+        t0 = time.perf_counter()
+
+        # 1. propose
+        if self.proposer is not None and max(ks) > 0:
+            prop = self.proposer.propose(
+                rows, [s.seq for s in slots], ks, [s.req.params for s in slots], [s.generator for s in slots]
+            )
+            draft_tokens, draft_probs, lens = prop.tokens, prop.probs, prop.lens
+        else:
+            draft_tokens = torch.zeros(B, 0, dtype=torch.long, device=self.device)
+            draft_probs, lens = None, torch.zeros(B, dtype=torch.long, device=self.device)
+        _sync(self.device)
+        t1 = time.perf_counter()
+
+        # 2. verify: one target pass over [pending token, d_1..d_K]   # [B, K+1]
+        K = draft_tokens.shape[1]
+        last = torch.tensor([[s.seq[-1]] for s in slots], device=self.device)
+        inp = torch.cat([last, draft_tokens], 1)
+        layers = self.proposer.target_hidden_layers if self.proposer else ()
+        out = self.target(inp, self.cache, Step(rows, [self.valid[r] for r in rows], K + 1), hidden_layers=layers)
+        logits, hidden = (out[0], torch.cat(out[1], -1)) if layers else (out, None)  # [B, K+1, V]
+
+        # 3. accept
+        greedy = [s.req.params.greedy for s in slots]
+        accepted = [0] * B
+        nexts = [0] * B
+        if any(greedy):
+            n_g, next_g = verify_greedy(draft_tokens, logits, lens)
+            n_g, next_g = n_g.tolist(), next_g.tolist()
+        for b, s in enumerate(slots):
+            if greedy[b]:
+                accepted[b], nexts[b] = n_g[b], next_g[b]
+            else:
+                k_b = int(lens[b])
+                v = verify_sampled(
+                    draft_tokens[b, :k_b], draft_probs[b, :k_b] if draft_probs is not None else None,
+                    logits[b, : k_b + 1], s.req.params, s.generator,
+                )
+                accepted[b], nexts[b] = v.accepted, v.next_token
+        _sync(self.device)
+        t2 = time.perf_counter()
+
+        # 4./5. commit and roll back: the target cache keeps [pending, d_1..d_n]
+        draft_rows = draft_tokens.tolist()
+        new = [draft_rows[b][: accepted[b]] + [nexts[b]] for b in range(B)]
+        for b, r in enumerate(rows):
+            self.valid[r] += accepted[b] + 1
+        seqs_after = [s.seq + n for s, n in zip(slots, new)]
+        if self.proposer is not None:
+            self.proposer.accept(rows, seqs_after, accepted, hidden)
+        _sync(self.device)
+        t3 = time.perf_counter()
+
+        draft_s, verify_s = t1 - t0 + (t3 - t2), t2 - t1
+        self._measure(draft_s, verify_s, K, int(lens.sum()))
+        events = []
+        for b, (r, s) in enumerate(zip(rows, slots)):
+            k_b = int(lens[b])
+            s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s)
+            if s.adaptive is not None:
+                s.adaptive.update(k_b, accepted[b], self._cost_ratio(), self._verify_ratio())
+            events.append(self._commit(r, new[b], t3))
+        return events
+
+    def _measure(self, draft_s: float, verify_s: float, K: int, drafted: int) -> None:
+        """EMA of the costs the adaptive controller and `tune` need."""
+        a = 0.1
+
+        def ema(old, x):
+            return x if old is None else (1 - a) * old + a * x
+
+        if K == 0:
+            self.cost["target_step"] = ema(self.cost["target_step"], verify_s)
+        else:
+            self.cost["verify"][K] = ema(self.cost["verify"].get(K), verify_s)
+            if drafted:
+                self.cost["draft_token"] = ema(self.cost["draft_token"], draft_s / K)
+
+    def _cost_ratio(self) -> float | None:
+        d, t = self.cost["draft_token"], self.cost["target_step"] or self._estimate_target_step()
+        return d / t if d and t else None
+
+    def _estimate_target_step(self) -> float | None:
+        v = self.cost["verify"]
+        return min(v.values()) if v else None
+
+    def _verify_ratio(self) -> dict[int, float]:
+        t = self.cost["target_step"]
+        if not t:
+            return {}
+        return {k: v / t for k, v in self.cost["verify"].items()}
+
+    def _commit(self, row: int, tokens: list[int], now: float) -> Event:
+        """Append ``tokens`` to the committed sequence; emit them up to EOS / max_new_tokens."""
+        s = self.slots[row]
+        s.seq.extend(tokens)
+        emit: list[int] = []
+        reason = None
+        for t in tokens:
+            if t in s.eos:
+                reason = "stop"
+                break
+            emit.append(t)
+            if s.stats.generated + len(emit) >= s.req.params.max_new_tokens:
+                reason = "length"
+                break
+        if reason is None and len(s.seq) >= self.max_seq_len:
+            reason = "length"
+        s.stats.generated += len(emit)
+        s.stats.output_ids.extend(emit)
+        if reason is not None:
+            return self._finish(row, reason, now, emit)
+        return Event(s.req, emit, False, None, s.stats)
+
+    def _finish(self, row: int, reason: str, now: float, emit: list[int] | None = None) -> Event:
+        s = self.slots[row]
+        s.stats.finish(now, reason, peak_rss_bytes(), self.device)
+        self.slots[row] = None
+        self.valid[row] = 0
+        if self.proposer is not None:
+            self.proposer.release(row)
+        return Event(s.req, emit or [], True, reason, s.stats)
+
+    # ------------------------------------------------------------------ offline API
+
+    def generate(
+        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+    ) -> list[Generation]:
+        """Run every prompt to completion, ``max_batch_size`` at a time (continuous batching)."""
+        plist = params if isinstance(params, list) else [params] * len(prompts)
+        pending = collections.deque(
+            Request(list(p), pr, id=i) for i, (p, pr) in enumerate(zip(prompts, plist))
+        )
+        for r in pending:
+            self.validate(r.prompt, r.params)
+        results: dict[int, Generation] = {}
+
+        def done(ev: Event) -> None:
+            results[ev.request.id] = Generation(ev.request, list(ev.stats.output_ids), ev.finish_reason, ev.stats)
+
+        while pending or self.active:
+            while pending and self.free_slots:
+                ev = self.add(pending[0].prompt, pending[0].params, pending.popleft())
+                if ev.finished:
+                    done(ev)
+            for ev in self.step():
+                if ev.finished:
+                    done(ev)
+        return [results[i] for i in range(len(prompts))]
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+# ---------------------------------------------------------------------------------------------
+# serving: a background thread that owns the engine
+
+
+Callback = Callable[[Event], bool | None]  # return False to cancel the request
+
+
+class BackgroundEngine:
+    """Runs :class:`Engine` in one thread; callers submit from any thread and get events by callback.
+
+    Continuous batching: between steps, queued requests are admitted into free slots. A callback
+    returning ``False`` (client gone, cancelled) stops that request at the next step.
+    """
+
+    def __init__(self, engine: Engine, *, max_queue: int = 1024):
+        self.engine = engine
+        self.max_queue = max_queue
+        self._queue: collections.deque[tuple[Request, Callback]] = collections.deque()
+        self._callbacks: dict[int, Callback] = {}
+        self._cv = threading.Condition()
+        self._stop = False
+        self._ids = itertools.count(1)
+        self._thread = threading.Thread(target=self._loop, name="trtspec-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt: list[int], params: SamplingParams, callback: Callback) -> Request:
+        self.engine.validate(prompt, params)
+        req = Request(list(prompt), params, id=next(self._ids))
+        with self._cv:
+            if len(self._queue) >= self.max_queue:
+                raise RequestError(f"queue full ({self.max_queue} requests waiting)", fix="retry later")
+            self._queue.append((req, callback))
+            self._cv.notify()
+        return req
+
+    def queued(self) -> int:
+        return len(self._queue)
+
+    def shutdown(self, timeout: float = 10) -> None:
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _deliver(self, ev: Event) -> None:
+        cb = self._callbacks.get(ev.request.id)
+        keep = True
+        if cb is not None:
+            try:
+                keep = cb(ev) is not False
+            except Exception:  # noqa: BLE001 - a broken callback must not kill the engine
+                keep = False
+        if ev.finished:
+            self._callbacks.pop(ev.request.id, None)
+        elif not keep:
+            cancel_ev = self.engine.cancel(ev.request)
+            self._callbacks.pop(ev.request.id, None)
+            if cancel_ev is not None and cb is not None:
+                try:
+                    cb(cancel_ev)
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stop and not self._queue and not self.engine.active:
+                    self._cv.wait()
+                if self._stop:
+                    break
+                admit = []
+                while self._queue and self.engine.free_slots - len(admit) > 0:
+                    admit.append(self._queue.popleft())
+            for req, cb in admit:
+                self._callbacks[req.id] = cb
+                try:
+                    ev = self.engine.add(req.prompt, req.params, req)
+                except Exception as e:  # noqa: BLE001 - report to this request only
+                    self._callbacks.pop(req.id, None)
+                    try:
+                        cb(Event(req, [], True, f"error: {e}", RequestStats(prompt_tokens=len(req.prompt))))
+                    except Exception:  # noqa: BLE001
+                        pass
+                    continue
+                self._deliver(ev)
+            if self.engine.active:
+                try:
+                    events = self.engine.step()
+                except Exception as e:  # noqa: BLE001 - fail every active request, keep serving
+                    events = []
+                    for i, s in enumerate(self.engine.slots):
+                        if s is not None:
+                            ev = self.engine._finish(i, f"error: {e}", time.perf_counter())
+                            events.append(ev)
+                for ev in events:
+                    self._deliver(ev)
+        # shutting down: cancel what is left
+        for i, s in enumerate(self.engine.slots):
+            if s is not None:
+                self._deliver(self.engine._finish(i, "cancelled", time.perf_counter()))

@@ -1,0 +1,371 @@
+"""A lean Llama/Qwen2 decoder for the torch runtime (gpt-fast style), loading HF checkpoints.
+
+Why not ``transformers``' own forward: at the sizes a draft model has, per-call Python overhead
+dominates, and speculative decoding needs a KV cache that rolls back by moving a pointer. This
+module keeps module names identical to HF (``model.layers.N.self_attn.q_proj`` …), so HF
+safetensors load as they are and ModelOpt quantizer state restores onto it by name.
+
+KV-cache invariant (what makes rollback free): row ``b`` holds valid keys/values for positions
+``[0, length_b)``; anything at or beyond ``length_b`` is garbage. Attention is causal by
+*absolute* position (query at ``p`` sees keys ``<= p``), and every forward writes its tokens at
+``length_b, length_b+1, …`` before reading, so garbage is always overwritten before it is seen.
+Rolling back rejected draft tokens is therefore ``length_b = accepted_length``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import pathlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtspec.errors import ModelError
+
+SUPPORTED_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "llama"}
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    attention_bias: bool  # Qwen2: q/k/v projections carry a bias
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict, *, where: str = "config.json") -> "ModelArgs":
+        archs = cfg.get("architectures") or []
+        if not archs or archs[0] not in SUPPORTED_ARCHS:
+            raise ModelError(
+                f"{where}: architecture {archs or cfg.get('model_type')!r} is not supported by the torch runtime",
+                fix=f"use one of {sorted(SUPPORTED_ARCHS)} or a trtllm runtime",
+            )
+        rope = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+        rope_type = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+        if rope_type not in ("default", None):
+            raise ModelError(
+                f"{where}: rope scaling {rope_type!r} is not supported by the torch runtime",
+                fix="use a checkpoint with default RoPE, or a trtllm runtime",
+            )
+        theta = cfg.get("rope_theta") or (rope.get("rope_theta") if isinstance(rope, dict) else None) or 10000.0
+        heads = cfg["num_attention_heads"]
+        eos = cfg.get("eos_token_id")
+        return cls(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=cfg["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=cfg.get("num_key_value_heads") or heads,
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads,
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(theta),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+            attention_bias=bool(cfg.get("attention_bias", SUPPORTED_ARCHS[archs[0]] == "qwen2")),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=eos[0] if isinstance(eos, list) else eos,
+        )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 and self.weight.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.variance_epsilon)
+        dtype = x.dtype  # HF semantics: normalise in fp32, scale in the model dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x32.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class KVCache:
+    """Per-layer K/V buffers ``[batch, kv_heads, max_len, head_dim]`` for a fixed number of rows."""
+
+    def __init__(self, args: ModelArgs, batch: int, max_len: int, dtype: torch.dtype, device: torch.device):
+        shape = (batch, args.num_key_value_heads, max_len, args.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(args.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(args.num_hidden_layers)]
+        self.batch, self.max_len = batch, max_len
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+@dataclass
+class Step:
+    """Where a forward writes: row ``rows[i]`` gets tokens at positions ``starts[i] … starts[i]+T-1``.
+
+    Built once per forward on the host; ``rows`` selects cache rows (slots) so one request can be
+    prefilled alone while others decode in a batch.
+    """
+
+    rows: list[int]
+    starts: list[int]
+    T: int
+
+    def __post_init__(self):
+        self.uniform = len(set(self.starts)) == 1
+        self.contiguous_rows = self.rows == list(range(self.rows[0], self.rows[0] + len(self.rows)))
+        self.kv_len = max(self.starts) + self.T  # keys a query may need to see
+
+
+class Attention(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = a.num_attention_heads, a.num_key_value_heads, a.head_dim
+        self.q_proj = nn.Linear(a.hidden_size, a.num_attention_heads * a.head_dim, bias=a.attention_bias)
+        self.k_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=a.attention_bias)
+        self.v_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=a.attention_bias)
+        self.o_proj = nn.Linear(a.num_attention_heads * a.head_dim, a.hidden_size, bias=False)
+        self.fused: tuple[torch.Tensor, torch.Tensor | None] | None = None  # see CausalLM.fuse_
+
+    def forward(self, x, cos, sin, k_cache, v_cache, step: Step, mask, index):
+        B, T, _ = x.shape  # x: [B, T, hidden]
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        if self.fused is not None:
+            qkv = F.linear(x, *self.fused).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, T, D]
+            qk, v = qkv[:, : H + Hkv], qkv[:, H + Hkv :]
+            qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one pass
+            q, k = qk[:, :H], qk[:, H:]
+        else:
+            q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+            k = self.k_proj(x).view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+            v = self.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin  # cos/sin: [B, 1, T, D]
+            k = k * cos + rotate_half(k) * sin
+        if k_cache is None:  # training / scoring a whole sequence: plain causal attention
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        S = step.kv_len
+        if step.uniform and step.contiguous_rows:
+            r0, s0 = step.rows[0], step.starts[0]
+            k_cache[r0 : r0 + B, :, s0 : s0 + T] = k
+            v_cache[r0 : r0 + B, :, s0 : s0 + T] = v
+            keys, values = k_cache[r0 : r0 + B, :, :S], v_cache[r0 : r0 + B, :, :S]
+        else:
+            rows_idx, pos_idx = index  # [B, 1, T] each, broadcast over heads
+            heads = torch.arange(self.n_kv, device=x.device)[None, :, None]
+            k_cache[rows_idx, heads, pos_idx] = k
+            v_cache[rows_idx, heads, pos_idx] = v
+            rows = rows_idx[:, 0, 0]
+            keys, values = k_cache[rows, :, :S], v_cache[rows, :, :S]
+        out = F.scaled_dot_product_attention(
+            q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
+        )  # [B, H, T, D]
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+
+
+class MLP(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
+        self.fused: torch.Tensor | None = None  # see CausalLM.fuse_
+
+    def forward(self, x):
+        if self.fused is not None:
+            gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
+            return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.self_attn = Attention(a)
+        self.mlp = MLP(a)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def forward(self, x, cos, sin, k_cache, v_cache, step, mask, index):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, step, mask, index)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class _Body(nn.Module):
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(a) for _ in range(a.num_hidden_layers))
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+
+class CausalLM(nn.Module):
+    """Decoder-only LM with an explicit KV cache. Module names match HF's ``*ForCausalLM``."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model = _Body(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        if args.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        self._rope_len = 0
+
+    # ---- rope tables (HF convention: cos/sin of cat(freqs, freqs))
+    def _rope(self, n: int, device, dtype):
+        if self._rope_len < n or self._cos.device != device or self._cos.dtype != dtype:
+            n = max(n, 256)
+            a = self.args
+            inv = 1.0 / (a.rope_theta ** (torch.arange(0, a.head_dim, 2, dtype=torch.int64).float() / a.head_dim))
+            t = torch.arange(n, dtype=torch.float32)
+            emb = torch.cat([torch.outer(t, inv)] * 2, dim=-1)
+            self._cos, self._sin = emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+            self._rope_len = n
+        return self._cos, self._sin
+
+    @torch.no_grad()
+    def fuse_(self) -> "CausalLM":
+        """Inference speed-up: one matmul for q/k/v and one for gate/up (fewer kernel launches,
+        which dominate at draft-model sizes). Skipped for wrapped (e.g. quantized) linears,
+        whose weights must stay in their own modules. Idempotent; returns self."""
+        for layer in self.model.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            projs = (at.q_proj, at.k_proj, at.v_proj, mlp.gate_proj, mlp.up_proj)
+            if not all(type(p) is nn.Linear for p in projs):
+                continue
+            bias = None
+            if at.q_proj.bias is not None:
+                bias = torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+            at.fused = (torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias)
+            mlp.fused = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+        return self
+
+    def unfuse_(self) -> "CausalLM":
+        for layer in self.model.layers:
+            layer.self_attn.fused = None
+            layer.mlp.fused = None
+        return self
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        p = self.lm_head.weight
+        return KVCache(self.args, batch, max_len, p.dtype, p.device)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,  # [B, T]
+        cache: KVCache | None,
+        step: Step | None = None,
+        *,
+        logits: str = "all",  # "all" → [B, T, V]; "last" → [B, 1, V]; "none" → no LM head
+        hidden_layers: tuple[int, ...] = (),  # also return these layers' outputs (EAGLE features)
+    ):
+        B, T = input_ids.shape
+        dev = input_ids.device
+        if cache is None:  # whole sequences from position 0, no cache (training, scoring)
+            step = Step(list(range(B)), [0] * B, T)
+        starts = torch.tensor(step.starts, device=dev)
+        positions = starts[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
+        cos_t, sin_t = self._rope(step.kv_len, dev, self.lm_head.weight.dtype)
+        cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, T, D]
+        if cache is None or (T == 1 and step.uniform):
+            mask = None  # one query at the last position sees every key in [0, S)
+        else:
+            keys = torch.arange(step.kv_len, device=dev)
+            mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
+        index = None
+        if cache is not None and not (step.uniform and step.contiguous_rows):
+            rows = torch.tensor(step.rows, device=dev)
+            index = (rows[:, None, None].expand(B, 1, T), positions[:, None, :])
+        x = self.model.embed_tokens(input_ids)
+        hidden: list[torch.Tensor] = []
+        for i, layer in enumerate(self.model.layers):
+            kc, vc = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
+            x = layer(x, cos, sin, kc, vc, step, mask, index)
+            if i in hidden_layers:
+                hidden.append(x)
+        h = self.model.norm(x)
+        if logits == "none":
+            out = None
+        elif logits == "last":
+            out = self.lm_head(h[:, -1:])
+        else:
+            out = self.lm_head(h)
+        if hidden_layers:
+            return out, hidden, h
+        return out
+
+
+def read_hf_config(folder: str | pathlib.Path) -> dict:
+    folder = pathlib.Path(folder)
+    cfg_path = folder / "config.json"
+    if not cfg_path.is_file():
+        raise ModelError(
+            f"model folder {folder} has no config.json",
+            fix="point at an HF checkpoint folder (config.json + *.safetensors + tokenizer files)",
+        )
+    return json.loads(cfg_path.read_text())
+
+
+def load_causal_lm(
+    folder: str | pathlib.Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+) -> CausalLM:
+    """Load an HF Llama/Qwen2 checkpoint (safetensors) into :class:`CausalLM`."""
+    from safetensors.torch import load_file
+
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise ModelError(f"model folder not found: {folder}", fix="check the path (trtspec models tiny makes models/)")
+    args = ModelArgs.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"))
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{folder}: no *.safetensors weights", fix="save the model with safetensors")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    with torch.device("meta"):
+        model = CausalLM(args)
+    model = model.to_empty(device=device)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = [m for m in missing if not (args.tie_word_embeddings and m == "lm_head.weight")]
+    if missing or unexpected:
+        raise ModelError(
+            f"{folder}: weights do not match a {SUPPORTED_ARCHS.get(read_hf_config(folder)['architectures'][0])} "
+            f"model: missing {missing[:5]}, unexpected {unexpected[:5]}",
+            fix="export the checkpoint with transformers' save_pretrained",
+        )
+    model._rope_len = 0
+    return model.to(dtype).eval()
+
+
+def count_params(model: nn.Module) -> int:
+    seen, n = set(), 0
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            n += p.numel()
+    return n
+
+
+def perplexity(nll_sum: float, n_tokens: int) -> float:
+    return math.exp(nll_sum / max(n_tokens, 1))

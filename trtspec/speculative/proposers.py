@@ -1,0 +1,174 @@
+"""Proposers: who drafts the next tokens. One small interface, implementations in a registry.
+
+A proposer keeps its own per-slot state (e.g. a draft model's KV cache) and is told, after each
+verification, how many of its tokens the target accepted so it can roll back to the accepted
+prefix. The engine never looks inside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import numpy as np
+import torch
+
+from trtspec.speculative.model import CausalLM, Step
+from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
+
+
+@dataclass
+class Proposal:
+    tokens: torch.Tensor  # [B, K] draft tokens (rows use the first lens[b])
+    probs: torch.Tensor | None  # [B, K, V] draft distributions q, or None (point masses / greedy)
+    lens: torch.Tensor  # [B] valid draft tokens per row (0 = no draft for this row)
+
+
+class Proposer(Protocol):
+    name: str
+    # target layers whose outputs the proposer needs (EAGLE features); () = none
+    target_hidden_layers: tuple[int, ...]
+
+    def prefill(self, slot: int, seq: list[int], target_hidden: torch.Tensor | None) -> None:
+        """A new request in ``slot``; ``seq`` = prompt + first token (the target's prefill output)."""
+
+    def propose(
+        self, slots: list[int], seqs: list[list[int]], ks: list[int],
+        params: list[SamplingParams], generators: list[torch.Generator | None],
+    ) -> Proposal:
+        """Draft up to ``ks[b]`` tokens after ``seqs[b]`` for each row."""
+
+    def accept(self, slots: list[int], seqs: list[list[int]], accepted: list[int],
+               target_hidden: torch.Tensor | None) -> None:
+        """The target accepted ``accepted[b]`` draft tokens; ``seqs`` are the new committed sequences."""
+
+    def release(self, slot: int) -> None:
+        """The request in ``slot`` finished."""
+
+
+def _empty(B: int, device) -> Proposal:
+    return Proposal(torch.zeros(B, 0, dtype=torch.long, device=device), None, torch.zeros(B, dtype=torch.long, device=device))
+
+
+class DraftModelProposer:
+    """Draft-target: a smaller LM with the same tokenizer drafts autoregressively.
+
+    Cache convention: ``valid[slot]`` = how many tokens of the committed sequence the draft's KV
+    cache holds; each round first feeds ``seq[valid:]`` (1 token, or 2 when every draft token was
+    accepted and the draft never consumed its own last token), then drafts K-1 more single steps.
+    """
+
+    name = "draft_target"
+    target_hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, model: CausalLM, max_slots: int, max_len: int):
+        self.model = model
+        self.cache = model.new_cache(max_slots, max_len)
+        self.valid = [0] * max_slots
+        self.written = [0] * max_slots  # draft positions written past valid in the last round
+        self.device = model.lm_head.weight.device
+
+    @torch.inference_mode()
+    def prefill(self, slot, seq, target_hidden=None):
+        prompt = seq[:-1]
+        ids = torch.tensor([prompt], device=self.device)
+        self.model(ids, self.cache, Step([slot], [0], len(prompt)), logits="none")
+        self.valid[slot] = len(prompt)
+
+    @torch.inference_mode()
+    def propose(self, slots, seqs, ks, params, generators):
+        B, K = len(slots), max(ks)
+        if K == 0:
+            return _empty(B, self.device)
+        pending = [seq[self.valid[s] :] for s, seq in zip(slots, seqs)]
+        T = max(len(p) for p in pending)
+        ids = torch.tensor([p + [p[-1]] * (T - len(p)) for p in pending], device=self.device)
+        logits = self.model(ids, self.cache, Step(slots, [self.valid[s] for s in slots], T))  # [B, T, V]
+        last = torch.tensor([len(p) - 1 for p in pending], device=self.device)
+        logits = logits[torch.arange(B, device=self.device), last]  # [B, V]
+        for s, p in zip(slots, pending):
+            self.valid[s] += len(p)
+        greedy = all(p.greedy for p in params)
+        tokens, probs = [], []
+        for i in range(K):
+            if greedy:
+                x = logits.argmax(-1)
+            else:
+                q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, V]
+                x = torch.stack([sample(q[b], generators[b]) for b in range(B)])
+                probs.append(q)
+            tokens.append(x)
+            if i < K - 1:
+                step = Step(slots, [self.valid[s] + i for s in slots], 1)
+                logits = self.model(x[:, None], self.cache, step)[:, 0]
+        for s in slots:
+            self.written[s] = K - 1
+        return Proposal(
+            torch.stack(tokens, 1),
+            torch.stack(probs, 1) if probs else None,
+            torch.tensor(ks, device=self.device),
+        )
+
+    def accept(self, slots, seqs, accepted, target_hidden=None):
+        for s, n in zip(slots, accepted):
+            # the draft consumed d_1..d_{K-1}; those that were accepted stay valid
+            self.valid[s] += min(n, self.written[s])
+            self.written[s] = 0
+
+    def release(self, slot):
+        self.valid[slot] = 0
+        self.written[slot] = 0
+
+
+class NgramProposer:
+    """Prompt lookup: find the latest earlier occurrence of the sequence's last n tokens
+    (n from ``max_ngram`` down to ``min_ngram``) and propose what followed it."""
+
+    name = "ngram"
+    target_hidden_layers: tuple[int, ...] = ()
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, device="cpu"):
+        self.max_ngram, self.min_ngram, self.device = max_ngram, min_ngram, device
+
+    def prefill(self, slot, seq, target_hidden=None):
+        pass
+
+    def lookup(self, seq: list[int], k: int) -> list[int]:
+        if k <= 0 or len(seq) < 2:
+            return []
+        arr = np.asarray(seq, dtype=np.int64)
+        for n in range(min(self.max_ngram, len(seq) - 1), self.min_ngram - 1, -1):
+            suffix = arr[-n:]
+            # windows over arr[:-1] so a match always has at least one following token
+            windows = np.lib.stride_tricks.sliding_window_view(arr[:-1], n)
+            hits = np.flatnonzero((windows == suffix).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return arr[start : start + k].tolist()
+        return []
+
+    def propose(self, slots, seqs, ks, params, generators):
+        drafts = [self.lookup(seq, k) for seq, k in zip(seqs, ks)]
+        B, K = len(slots), max((len(d) for d in drafts), default=0)
+        if K == 0:
+            return _empty(B, self.device)
+        tokens = torch.tensor([d + [0] * (K - len(d)) for d in drafts], device=self.device)
+        return Proposal(tokens, None, torch.tensor([len(d) for d in drafts], device=self.device))
+
+    def accept(self, slots, seqs, accepted, target_hidden=None):
+        pass
+
+    def release(self, slot):
+        pass
+
+
+# name → factory(target, settings) ; filled by trtspec.speculative.runtime
+REGISTRY: dict[str, Callable[..., Proposer]] = {}
+
+
+def register(name: str):
+    def deco(factory):
+        REGISTRY[name] = factory
+        return factory
+
+    return deco
