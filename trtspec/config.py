@@ -521,19 +521,22 @@ def _from_validation_error(exc: ValidationError) -> list[ConfigError]:
             continue
         field = _loc(tuple(err["loc"]))
         msg = err["msg"]
+        value = err.get("input")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
-        # model-level validators report at the node; name the key they mention when they do
-        if err["type"] == "value_error" and ":" in msg.split(" ")[0]:
-            key = msg.split(":", 1)[0]
-            if key.isidentifier():
-                field = f"{field}.{key}" if field != "<root>" else key
-                msg = msg.split(":", 1)[1].strip()
-        elif err["type"] == "value_error":
-            first = msg.split("=", 1)[0].split(" ")[0]
-            if first.isidentifier() and "=" in msg.split(" ")[0]:
-                field = f"{field}.{first}" if field != "<root>" else first
-        out.append(ConfigError(field, err.get("input"), msg, fix=_FIXES.get(err["type"])))
+        # model-level validators report at the node; point at the key they name ("key: ..." or
+        # "key=value ...") and show that key's value rather than the whole node
+        key = None
+        head = msg.split(" ")[0]
+        if err["type"] == "value_error" and head.endswith(":") and head[:-1].isidentifier():
+            key, msg = head[:-1], msg.split(":", 1)[1].strip()
+        elif err["type"] == "value_error" and "=" in head and head.split("=")[0].isidentifier():
+            key = head.split("=")[0]
+        if key is not None:
+            field = f"{field}.{key}" if field != "<root>" else key
+            if isinstance(value, dict) and key in value:
+                value = value[key]
+        out.append(ConfigError(field, value, msg, fix=_FIXES.get(err["type"])))
     return out
 
 

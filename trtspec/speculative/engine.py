@@ -76,6 +76,7 @@ class _Slot:
     generator: torch.Generator | None
     adaptive: AdaptiveDraftLength | None
     eos: set[int]
+    external: list[int] | None = None  # draft tokens supplied with the request (verified in step 1)
 
 
 def _sync(device: torch.device) -> None:
@@ -96,8 +97,12 @@ class Engine:
         adaptive: bool = False,
         adaptive_window: int = 64,
         min_acceptance_rate: float | None = None,
+        verify_greedy_fn=verify_greedy,
+        verify_sampled_fn=verify_sampled,
     ):
         self.target = target
+        # swappable only so tests and fault-injection drills can prove a broken rule is caught
+        self.verify_greedy_fn, self.verify_sampled_fn = verify_greedy_fn, verify_sampled_fn
         self.proposer = proposer
         self.max_draft_len = max_draft_len if proposer is not None else 0
         self.max_batch_size = max_batch_size
@@ -139,8 +144,15 @@ class Engine:
             raise RequestError(f"token ids out of range [0, {vocab}): {bad[:5]}")
 
     @torch.inference_mode()
-    def add(self, prompt: list[int], params: SamplingParams, request: Request | None = None) -> Event:
-        """Prefill ``prompt`` in a free slot; returns the event carrying the first token."""
+    def add(
+        self, prompt: list[int], params: SamplingParams, request: Request | None = None,
+        draft_tokens: list[int] | None = None,
+    ) -> Event:
+        """Prefill ``prompt`` in a free slot; returns the event carrying the first token.
+
+        ``draft_tokens`` (the tensorrtllm backend's ``draft_input_ids``) are verified in this
+        request's first step instead of the proposer's draft: external/client-side speculation.
+        """
         self.validate(prompt, params)
         slot = next((i for i, s in enumerate(self.slots) if s is None), None)
         if slot is None:
@@ -166,7 +178,7 @@ class Engine:
             if self.adaptive
             else None
         )
-        s = _Slot(req, list(prompt), stats, gen, adaptive, eos)
+        s = _Slot(req, list(prompt), stats, gen, adaptive, eos, list(draft_tokens) if draft_tokens else None)
         self.valid[slot] = len(prompt)
         if self.proposer is not None:
             self.proposer.prefill(slot, s.seq + [first], torch.cat(hidden, -1) if hidden else None)
@@ -197,7 +209,38 @@ class Engine:
             self.max_seq_len - len(s.seq),
         )
         k = s.adaptive.k if s.adaptive else self.max_draft_len
+        if s.external:
+            k = len(s.external)
         return max(0, min(k, room - 1))  # a step can emit k + 1 tokens
+
+    def _propose(self, rows: list[int], slots: list[_Slot], ks: list[int]):
+        """Draft tokens for every row: the proposer's, or the request's external draft.
+
+        Returns (tokens [B, K], per-row draft distributions (None = point mass), lens [B]).
+        """
+        B = len(rows)
+        drafts: list[list[int]] = [[] for _ in range(B)]
+        probs: list[torch.Tensor | None] = [None] * B
+        own = [b for b in range(B) if ks[b] > 0 and not slots[b].external]
+        if self.proposer is not None and own:
+            prop = self.proposer.propose(
+                [rows[b] for b in own], [slots[b].seq for b in own], [ks[b] for b in own],
+                [slots[b].req.params for b in own], [slots[b].generator for b in own],
+            )
+            toks = prop.tokens.tolist()
+            for i, b in enumerate(own):
+                n = int(prop.lens[i])
+                drafts[b] = toks[i][:n]
+                if prop.probs is not None:
+                    probs[b] = prop.probs[i, :n]
+        for b, s in enumerate(slots):
+            if s.external:
+                drafts[b] = s.external[: ks[b]]
+                s.external = None
+        K = max((len(d) for d in drafts), default=0)
+        tokens = torch.tensor([d + [0] * (K - len(d)) for d in drafts], dtype=torch.long, device=self.device)
+        lens = torch.tensor([len(d) for d in drafts], device=self.device)
+        return tokens.view(B, K), probs, lens
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
@@ -211,14 +254,7 @@ class Engine:
         t0 = time.perf_counter()
 
         # 1. propose
-        if self.proposer is not None and max(ks) > 0:
-            prop = self.proposer.propose(
-                rows, [s.seq for s in slots], ks, [s.req.params for s in slots], [s.generator for s in slots]
-            )
-            draft_tokens, draft_probs, lens = prop.tokens, prop.probs, prop.lens
-        else:
-            draft_tokens = torch.zeros(B, 0, dtype=torch.long, device=self.device)
-            draft_probs, lens = None, torch.zeros(B, dtype=torch.long, device=self.device)
+        draft_tokens, draft_probs, lens = self._propose(rows, slots, ks)  # [B, K], per-row q, [B]
         _sync(self.device)
         t1 = time.perf_counter()
 
@@ -235,16 +271,15 @@ class Engine:
         accepted = [0] * B
         nexts = [0] * B
         if any(greedy):
-            n_g, next_g = verify_greedy(draft_tokens, logits, lens)
+            n_g, next_g = self.verify_greedy_fn(draft_tokens, logits, lens)
             n_g, next_g = n_g.tolist(), next_g.tolist()
         for b, s in enumerate(slots):
             if greedy[b]:
                 accepted[b], nexts[b] = n_g[b], next_g[b]
             else:
                 k_b = int(lens[b])
-                v = verify_sampled(
-                    draft_tokens[b, :k_b], draft_probs[b, :k_b] if draft_probs is not None else None,
-                    logits[b, : k_b + 1], s.req.params, s.generator,
+                v = self.verify_sampled_fn(
+                    draft_tokens[b, :k_b], draft_probs[b], logits[b, : k_b + 1], s.req.params, s.generator
                 )
                 accepted[b], nexts[b] = v.accepted, v.next_token
         _sync(self.device)
@@ -380,7 +415,7 @@ class BackgroundEngine:
     def __init__(self, engine: Engine, *, max_queue: int = 1024):
         self.engine = engine
         self.max_queue = max_queue
-        self._queue: collections.deque[tuple[Request, Callback]] = collections.deque()
+        self._queue: collections.deque[tuple[Request, Callback, list[int] | None]] = collections.deque()
         self._callbacks: dict[int, Callback] = {}
         self._cv = threading.Condition()
         self._stop = False
@@ -388,13 +423,15 @@ class BackgroundEngine:
         self._thread = threading.Thread(target=self._loop, name="trtspec-engine", daemon=True)
         self._thread.start()
 
-    def submit(self, prompt: list[int], params: SamplingParams, callback: Callback) -> Request:
+    def submit(
+        self, prompt: list[int], params: SamplingParams, callback: Callback, draft_tokens: list[int] | None = None
+    ) -> Request:
         self.engine.validate(prompt, params)
         req = Request(list(prompt), params, id=next(self._ids))
         with self._cv:
             if len(self._queue) >= self.max_queue:
                 raise RequestError(f"queue full ({self.max_queue} requests waiting)", fix="retry later")
-            self._queue.append((req, callback))
+            self._queue.append((req, callback, draft_tokens))
             self._cv.notify()
         return req
 
@@ -436,10 +473,10 @@ class BackgroundEngine:
                 admit = []
                 while self._queue and self.engine.free_slots - len(admit) > 0:
                     admit.append(self._queue.popleft())
-            for req, cb in admit:
+            for req, cb, draft in admit:
                 self._callbacks[req.id] = cb
                 try:
-                    ev = self.engine.add(req.prompt, req.params, req)
+                    ev = self.engine.add(req.prompt, req.params, req, draft_tokens=draft)
                 except Exception as e:  # noqa: BLE001 - report to this request only
                     self._callbacks.pop(req.id, None)
                     try:

@@ -123,6 +123,15 @@ def build_engine(spec: RuntimeSpec) -> Engine:
             )
         proposer = factory(spec, target, dtype, device)
     eos = _eos_id(spec.target)
+    verifiers = {}
+    fault = spec.extra.get("fault_injection")
+    if fault:
+        from trtspec.speculative.faults import FAULTS
+
+        if fault not in FAULTS:
+            raise TrtspecError(f"extra.fault_injection: unknown fault {fault!r}", fix=f"one of {sorted(FAULTS)}")
+        g, smp = FAULTS[fault]
+        verifiers = {k: v for k, v in (("verify_greedy_fn", g), ("verify_sampled_fn", smp)) if v is not None}
     return Engine(
         target,
         proposer,
@@ -133,6 +142,7 @@ def build_engine(spec: RuntimeSpec) -> Engine:
         adaptive=spec.adaptive,
         adaptive_window=spec.adaptive_window,
         min_acceptance_rate=spec.min_acceptance_rate,
+        **verifiers,
     )
 
 

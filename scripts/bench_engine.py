@@ -1,0 +1,220 @@
+#!/usr/bin/env python
+"""Engine benchmark: our torch runtime vs Hugging Face generate on the same models and prompts.
+
+Configurations, all greedy, batch 1, the same prompts and max tokens:
+  (a) ours, plain decoding            (b) HF generate()
+  (c) HF assisted generation          (assistant_model=draft; default schedule and constant K)
+  (d) HF prompt lookup                (prompt_lookup_num_tokens=K)
+  (e) ours, draft-target              (f) ours, EAGLE-3 head (if a head folder exists)
+  (g) ours, n-gram prompt lookup
+Every configuration runs ``--repeats`` times, interleaved (a, b, …, g, a, b, …) so machine noise
+hits all of them alike; the best repeat is reported (the run least disturbed by noise), the median
+is kept in the JSON. Greedy outputs are compared token by token with (a).
+
+    python scripts/bench_engine.py                 # tiny pair, ~2 minutes on 2 cores
+    python scripts/bench_engine.py --real          # Qwen2.5-Coder 1.5B + 0.5B (trtspec models qwen)
+
+Writes bench/results/engine_<pair>.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import platform
+import statistics
+import sys
+import time
+
+import torch
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--real", action="store_true", help="use the Qwen2.5-Coder 1.5B/0.5B pair")
+    ap.add_argument("--models", default=str(REPO / "models"))
+    ap.add_argument("--num-prompts", type=int, default=None)
+    ap.add_argument("--max-new-tokens", type=int, default=None)
+    ap.add_argument("--max-draft-len", type=int, default=None)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
+    ap.add_argument("--only", default=None, help="comma list of config keys to run (a..g)")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = ap.parse_args()
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trtspec.prompts import load_prompts
+    from trtspec.speculative.engine import Engine
+    from trtspec.speculative.model import load_causal_lm
+    from trtspec.speculative.proposers import DraftModelProposer, NgramProposer
+    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.speculative.stats import Aggregate
+
+    torch.set_num_threads(args.threads)
+    models = pathlib.Path(args.models)
+    if args.real:
+        pair = "qwen"
+        tdir, ddir = models / "qwen2.5-coder-1.5b-instruct", models / "qwen2.5-coder-0.5b-instruct"
+        head = None
+        dtype_name = args.dtype or "bfloat16"
+        n_prompts, max_new, k = args.num_prompts or 5, args.max_new_tokens or 64, args.max_draft_len or 4
+        prompts_text = load_prompts("builtin:code", n_prompts)
+    else:
+        pair = "tiny"
+        tdir, ddir, head = models / "tiny-target", models / "tiny-draft", models / "tiny-eagle3"
+        dtype_name = args.dtype or "float32"
+        n_prompts, max_new, k = args.num_prompts or 12, args.max_new_tokens or 64, args.max_draft_len or 4
+        prompts_text = load_prompts("builtin:stdlib", n_prompts)
+    for d in (tdir, ddir):
+        if not d.is_dir():
+            sys.exit(f"missing {d}: run `trtspec models {'qwen' if args.real else 'tiny'}` first")
+    dtype = getattr(torch, dtype_name)
+    tok = AutoTokenizer.from_pretrained(tdir)
+    prompts = [tok(p, add_special_tokens=False)["input_ids"] for p in prompts_text]
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+
+    target = load_causal_lm(tdir, dtype=dtype).fuse_()
+    draft = load_causal_lm(ddir, dtype=dtype).fuse_()
+    hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
+    hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=dtype).eval()
+    greedy = SamplingParams(max_new_tokens=max_new, ignore_eos=False)
+    max_len = max(len(p) for p in prompts) + max_new + k + 8
+
+    def ours(proposer):
+        def run():
+            eng = Engine(target, proposer() if proposer else None, max_draft_len=k, max_batch_size=1,
+                         max_seq_len=max_len)
+            outs, agg = [], Aggregate()
+            for p in prompts:
+                g = eng.generate([p], greedy)[0]
+                outs.append(g.token_ids)
+                agg.add(g.stats)
+            return outs, {"acceptance_rate": agg.acceptance_rate, "acceptance_length": agg.acceptance_length,
+                          "drafted": agg.drafted, "accepted": agg.accepted}
+        return run
+
+    def hf(**kw):
+        def run():
+            calls = []
+            h = hf_t.register_forward_pre_hook(lambda m, a, k_: calls.append(1), with_kwargs=True)
+            outs = []
+            try:
+                for p in prompts:
+                    x = torch.tensor([p])
+                    with torch.inference_mode():
+                        y = hf_t.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new,
+                                          do_sample=False, pad_token_id=pad, **kw)
+                    outs.append(y[0, len(p):].tolist())
+            finally:
+                h.remove()
+            n = sum(len(o) for o in outs)
+            return outs, {"tokens_per_target_forward": n / max(len(calls), 1)}
+        return run
+
+    def hf_assisted(constant_k: int | None):
+        def run():
+            gc = hf_d.generation_config
+            saved = (gc.num_assistant_tokens, gc.num_assistant_tokens_schedule, getattr(gc, "assistant_confidence_threshold", None))
+            if constant_k:
+                gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = constant_k, "constant"
+                gc.assistant_confidence_threshold = 0.0
+            try:
+                return hf(assistant_model=hf_d)()
+            finally:
+                gc.num_assistant_tokens, gc.num_assistant_tokens_schedule = saved[0], saved[1]
+                if saved[2] is not None:
+                    gc.assistant_confidence_threshold = saved[2]
+        return run
+
+    configs = {
+        "a": ("ours plain", ours(None)),
+        "b": ("HF generate", hf()),
+        "c": ("HF assisted (default schedule)", hf_assisted(None)),
+        "c4": (f"HF assisted (constant K={k})", hf_assisted(k)),
+        "d": (f"HF prompt lookup (K={k})", hf(prompt_lookup_num_tokens=k)),
+        "e": (f"ours draft-target (K={k})", ours(lambda: DraftModelProposer(draft, 1, max_len + k + 4))),
+        "g": (f"ours n-gram (K={k})", ours(lambda: NgramProposer(3, 1))),
+    }
+    if head is not None and (head / "config.json").is_file():
+        try:
+            from trtspec.speculative.runtime import RuntimeSpec
+            from trtspec.speculative import eagle3  # noqa: F401
+            from trtspec.speculative.proposers import REGISTRY
+
+            spec = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k, max_batch_size=1,
+                               max_seq_len=max_len)
+            configs["f"] = (f"ours EAGLE-3 (K={k})", ours(lambda: REGISTRY["eagle3"](spec, target, dtype, torch.device("cpu"))))
+        except Exception as e:  # noqa: BLE001 - the head is optional here
+            print(f"EAGLE-3 head not usable: {e}", file=sys.stderr)
+    if args.only:
+        keep = set(args.only.split(",")) | {"a"}
+        configs = {key: v for key, v in configs.items() if key in keep}
+
+    results = {key: {"name": name, "tok_s": [], "extra": None, "outputs": None} for key, (name, _) in configs.items()}
+    for r in range(args.repeats):
+        for key, (name, fn) in configs.items():
+            t0 = time.perf_counter()
+            outs, extra = fn()
+            dt = time.perf_counter() - t0
+            n = sum(len(o) for o in outs)
+            results[key]["tok_s"].append(n / dt)
+            results[key]["extra"], results[key]["outputs"], results[key]["tokens"] = extra, outs, n
+            print(f"[{r + 1}/{args.repeats}] {name:34s} {n / dt:8.1f} tok/s", flush=True)
+
+    ref = results["a"]["outputs"]
+    base = max(results["a"]["tok_s"])
+    rows = []
+    for key, res in results.items():
+        outs = res["outputs"]
+        same = sum(o == rr for o, rr in zip(outs, ref))
+        firsts = []
+        for o, rr in zip(outs, ref):
+            if o != rr:
+                firsts.append(next((i for i, (x, y) in enumerate(zip(o, rr)) if x != y), min(len(o), len(rr))))
+        rows.append({
+            "key": key, "config": res["name"], "tok_s_best": round(max(res["tok_s"]), 2),
+            "tok_s_median": round(statistics.median(res["tok_s"]), 2), "speedup_vs_ours_plain": round(max(res["tok_s"]) / base, 3),
+            "identical_to_ours_plain": f"{same}/{len(ref)}", "first_divergence": firsts,
+            **{kk: (round(v, 4) if isinstance(v, float) else v) for kk, v in (res["extra"] or {}).items()},
+        })
+    hf_assist_best = max(max(results[c]["tok_s"]) for c in ("c", "c4") if c in results) if ("c" in results or "c4" in results) else None
+    summary = {
+        "pair": pair, "target": str(tdir), "draft": str(ddir), "dtype": dtype_name, "threads": args.threads,
+        "prompts": len(prompts), "max_new_tokens": max_new, "max_draft_len": k, "repeats": args.repeats,
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
+        "rows": rows,
+    }
+    if "e" in results:
+        summary["draft_target_vs_plain"] = round(max(results["e"]["tok_s"]) / base, 3)
+        if hf_assist_best:
+            summary["draft_target_vs_hf_assisted_best"] = round(max(results["e"]["tok_s"]) / hf_assist_best, 3)
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"engine_{pair}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    cmd = "python scripts/bench_engine.py" + (" --real" if args.real else "")
+    md = [f"# Engine benchmark ({pair} pair)", "",
+          f"`{cmd}` — {len(prompts)} prompts × {max_new} new tokens, greedy, batch 1, {dtype_name}, "
+          f"{args.threads} threads, best of {args.repeats} interleaved repeats.", "",
+          "| config | tok/s (best) | tok/s (median) | vs ours plain | acceptance rate | acceptance length | identical to ours plain |",
+          "|---|---:|---:|---:|---:|---:|---:|"]
+    for row in rows:
+        ar = row.get("acceptance_rate", "")
+        al = row.get("acceptance_length", row.get("tokens_per_target_forward", ""))
+        md.append(f"| {row['config']} | {row['tok_s_best']} | {row['tok_s_median']} | {row['speedup_vs_ours_plain']}× | "
+                  f"{ar if ar == '' else f'{ar:.2f}'} | {al if al == '' else f'{al:.2f}'} | {row['identical_to_ours_plain']} |")
+    md += ["", "Acceptance length for HF rows is tokens per target forward (HF does not report acceptance).", ""]
+    if "draft_target_vs_hf_assisted_best" in summary:
+        md.append(f"Draft-target vs plain: **{summary['draft_target_vs_plain']}×**; vs the best HF assisted "
+                  f"configuration: **{summary['draft_target_vs_hf_assisted_best']}×**.")
+    (out_dir / f"engine_{pair}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The torch runtime on the tiny trained pair and on scripted models.
+
+Greedy speculation must be token-identical to plain greedy decoding; KV caches roll back
+instead of recomputing; batching, EOS, max-tokens and adaptive drafting behave.
+"""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+import torch
+from torch import nn
+
+from trtspec.speculative.engine import Engine
+from trtspec.speculative.model import ModelArgs, load_causal_lm
+from trtspec.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
+from trtspec.speculative.sampling import SamplingParams
+from trtspec.speculative.stats import Aggregate
+
+
+@pytest.fixture(scope="module")
+def pair(tiny_models):
+    torch.set_num_threads(2)
+    t, d = tiny_models
+    return load_causal_lm(t).fuse_(), load_causal_lm(d).fuse_()
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_target):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_target)
+
+
+@pytest.fixture(scope="module")
+def prompts(tokenizer) -> list[list[int]]:
+    """52 prompts of mixed length (3..160 tokens) cut from held-out stdlib text."""
+    from trtspec.models.tiny import corpus_split
+
+    _, held = corpus_split()
+    ids = tokenizer("\n".join(held[:4]), add_special_tokens=False)["input_ids"]
+    out, pos = [], 0
+    lengths = [3, 7, 12, 20, 33, 48, 64, 90, 120, 160]
+    for i in range(52):
+        n = lengths[i % len(lengths)]
+        out.append(ids[pos : pos + n])
+        pos += n + 17
+    return out
+
+
+GREEDY = SamplingParams(max_new_tokens=40)
+
+
+@pytest.fixture(scope="module")
+def plain_outputs(pair, prompts):
+    target, _ = pair
+    return [g.token_ids for g in Engine(target, None, max_batch_size=8).generate(prompts, GREEDY)]
+
+
+def test_plain_decoding_matches_huggingface_generate(tiny_target, prompts, plain_outputs):
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
+    for p, ours in list(zip(prompts, plain_outputs))[:6]:
+        out = hf.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False, pad_token_id=1)
+        theirs = out[0, len(p) :].tolist()
+        assert ours == theirs[: len(ours)]
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_draft_target_greedy_is_token_identical(pair, prompts, plain_outputs, k):
+    target, draft = pair
+    eng = Engine(target, DraftModelProposer(draft, 8, 1100), max_draft_len=k, max_batch_size=8)
+    outs = eng.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs
+    agg = Aggregate()
+    for o in outs:
+        agg.add(o.stats)
+    assert agg.drafted > 0 and 0 < agg.acceptance_rate <= 1
+    assert agg.acceptance_length > 1.2  # the distilled draft really is accepted
+
+
+def test_ngram_greedy_is_token_identical(pair, prompts, plain_outputs):
+    target, _ = pair
+    outs = Engine(target, NgramProposer(3, 1), max_draft_len=4, max_batch_size=8).generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs
+    assert sum(o.stats.accepted for o in outs) > 0
+
+
+def test_batch_of_one_equals_batched(pair, prompts, plain_outputs):
+    target, draft = pair
+    eng = Engine(target, DraftModelProposer(draft, 1, 1100), max_draft_len=3, max_batch_size=1)
+    outs = eng.generate(prompts[:8], GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs[:8]
+
+
+def test_kv_cache_is_rolled_back_not_recomputed(pair, prompts):
+    """Every target forward after prefill processes exactly K+1 new tokens: nothing is re-run."""
+    target, draft = pair
+    calls: list[int] = []
+    handle = target.register_forward_pre_hook(lambda m, args: calls.append(args[0].shape[1]))
+    try:
+        eng = Engine(target, DraftModelProposer(draft, 1, 1100), max_draft_len=4, max_batch_size=1)
+        g = eng.generate([prompts[5]], SamplingParams(max_new_tokens=30))[0]
+    finally:
+        handle.remove()
+    assert calls[0] == len(prompts[5])  # one prefill
+    assert all(t <= 5 for t in calls[1:])  # then only verify passes of [pending + ≤4 drafts]
+    assert sum(calls[1:]) == g.stats.steps + g.stats.drafted
+
+
+def test_sampling_is_seeded_and_reproducible(pair, prompts):
+    target, draft = pair
+    params = SamplingParams(max_new_tokens=24, temperature=0.8, top_k=50, top_p=0.95, seed=1234)
+    runs = []
+    for _ in range(2):
+        eng = Engine(target, DraftModelProposer(draft, 2, 1100), max_draft_len=4, max_batch_size=2)
+        runs.append([o.token_ids for o in eng.generate(prompts[:2], params)])
+    assert runs[0] == runs[1]
+    other = Engine(target, None, max_batch_size=2).generate(prompts[:2], SamplingParams(max_new_tokens=24, temperature=0.8, seed=99))
+    assert [o.token_ids for o in other] != runs[0]
+
+
+def test_sampled_speculation_matches_target_distribution(pair, tokenizer):
+    """End to end on the tiny target: the joint law of the first 3 sampled tokens with the draft
+    (tokens 2-3 come from one speculative step) equals the exact target law (top-k=3)."""
+    from scipy.stats import chi2
+
+    target, draft = pair
+    params_kw = dict(max_new_tokens=3, temperature=1.0, top_k=3)
+    prompt = tokenizer("    def __init__(self", add_special_tokens=False)["input_ids"]
+    # exact P(x1, x2, x3) from the target alone
+    from trtspec.speculative.sampling import logits_to_probs
+
+    sp = SamplingParams(**params_kw)
+
+    def probs(seq):
+        with torch.inference_mode():
+            return logits_to_probs(target(torch.tensor([seq]), None)[0, -1], sp)
+
+    exact = {}
+    p1 = probs(prompt)
+    for x1 in p1.nonzero().flatten().tolist():
+        p2 = probs(prompt + [x1])
+        for x2 in p2.nonzero().flatten().tolist():
+            p3 = probs(prompt + [x1, x2])
+            for x3 in p3.nonzero().flatten().tolist():
+                exact[(x1, x2, x3)] = float(p1[x1] * p2[x2] * p3[x3])
+    n = 1500
+    eng = Engine(target, DraftModelProposer(draft, 8, 1100), max_draft_len=2, max_batch_size=8)
+    outs = eng.generate([prompt] * n, [SamplingParams(**params_kw, seed=i) for i in range(n)])
+    counts: dict = {}
+    for o in outs:
+        counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
+    assert set(counts) <= set(exact)
+    stat = sum((counts.get(c, 0) - n * p) ** 2 / (n * p) for c, p in exact.items() if n * p >= 1)
+    dof = sum(1 for p in exact.values() if n * p >= 1) - 1
+    assert chi2.sf(stat, dof) > 1e-3
+    assert sum(o.stats.accepted for o in outs) > 0  # the speculative path was exercised
+
+
+def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair, prompts):
+    """A randomly initialised draft is (almost) never accepted: the adaptive controller stops
+    drafting, so far fewer tokens are drafted than with a fixed draft length — same output."""
+    from trtspec.models.tiny import TinySettings, _init, _model_args
+    from trtspec.speculative.model import CausalLM
+
+    target, _ = pair
+    s = TinySettings()
+    bad = CausalLM(_model_args(s.draft, s, target.args.eos_token_id))
+    _init(bad, 12345)
+    bad.eval()
+    params = SamplingParams(max_new_tokens=64)
+    fixed = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1)
+    adaptive = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1,
+                      adaptive=True, adaptive_window=16)
+    a = fixed.generate(prompts[:3], params)
+    b = adaptive.generate(prompts[:3], params)
+    assert [x.token_ids for x in a] == [x.token_ids for x in b]
+    drafted_fixed = sum(x.stats.drafted for x in a)
+    drafted_adaptive = sum(x.stats.drafted for x in b)
+    assert drafted_adaptive < 0.5 * drafted_fixed
+
+
+# ---------------------------------------------------------------------------------- scripted models
+
+
+class ScriptedLM(nn.Module):
+    """A 'language model' whose greedy continuation of token t is (t + 1) % V."""
+
+    def __init__(self, vocab: int = 16, eos: int | None = None):
+        super().__init__()
+        self.args = ModelArgs(vocab, 8, 8, 1, 1, 1, 8, 1e-6, 1e4, 512, False, False, eos_token_id=eos)
+        self.lm_head = nn.Linear(8, vocab, bias=False)
+
+    def new_cache(self, batch, max_len):
+        return None
+
+    def forward(self, input_ids, cache, step=None, *, logits="all", hidden_layers=()):
+        out = torch.full((*input_ids.shape, self.args.vocab_size), -1e4)
+        out.scatter_(-1, ((input_ids + 1) % self.args.vocab_size)[..., None], 10.0)
+        return out[:, -1:] if logits == "last" else out
+
+
+class ScriptedProposer:
+    """Proposes a fixed continuation rule; ``wrong_at`` makes draft position i wrong."""
+
+    name = "scripted"
+    target_hidden_layers = ()
+
+    def __init__(self, vocab=16, wrong_at: int | None = None):
+        self.vocab, self.wrong_at = vocab, wrong_at
+
+    def prefill(self, slot, seq, target_hidden=None):
+        pass
+
+    def propose(self, slots, seqs, ks, params, generators):
+        K = max(ks)
+        rows = []
+        for seq, k in zip(seqs, ks):
+            d, t = [], seq[-1]
+            for i in range(K):
+                t = (t + 1) % self.vocab
+                d.append((t + 5) % self.vocab if i == self.wrong_at else t)
+            rows.append(d)
+        return Proposal(torch.tensor(rows).view(len(seqs), K), None, torch.tensor(ks))
+
+    def accept(self, slots, seqs, accepted, target_hidden=None):
+        pass
+
+    def release(self, slot):
+        pass
+
+
+def test_scripted_all_accepted_bonus_each_step():
+    eng = Engine(ScriptedLM(), ScriptedProposer(), max_draft_len=3, max_batch_size=1)
+    g = eng.generate([[0]], SamplingParams(max_new_tokens=9))[0]
+    assert g.token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    # first token from prefill, then 2 steps of 3 accepted + bonus = 8 tokens
+    assert g.stats.steps == 2 and g.stats.accepted == 6 and g.stats.tokens_per_step[4] == 2
+
+
+def test_scripted_first_rejected_every_step():
+    eng = Engine(ScriptedLM(), ScriptedProposer(wrong_at=0), max_draft_len=3, max_batch_size=1)
+    g = eng.generate([[0]], SamplingParams(max_new_tokens=5))[0]
+    assert g.token_ids == [1, 2, 3, 4, 5]
+    assert g.stats.accepted == 0 and g.stats.steps == 4 and g.stats.acceptance_rate == 0
+
+
+def test_scripted_eos_inside_draft_stops_there():
+    eos = 6
+    eng = Engine(ScriptedLM(eos=eos), ScriptedProposer(), max_draft_len=4, max_batch_size=1)
+    g = eng.generate([[2]], SamplingParams(max_new_tokens=20))[0]
+    # continuation 3,4,5,6(eos),7...: the draft covers EOS; output stops before it
+    assert g.token_ids == [3, 4, 5] and g.finish_reason == "stop"
+
+
+def test_scripted_max_tokens_reached_mid_draft():
+    eng = Engine(ScriptedLM(), ScriptedProposer(), max_draft_len=4, max_batch_size=1)
+    g = eng.generate([[0]], SamplingParams(max_new_tokens=3))[0]
+    assert g.token_ids == [1, 2, 3] and g.finish_reason == "length"
+    assert g.stats.drafted <= 1  # draft length capped by the tokens still allowed
+
+
+def test_external_draft_tokens_are_verified_first():
+    """The tensorrtllm backend's draft_input_ids: client-supplied drafts verified in step 1."""
+    eng = Engine(ScriptedLM(), None, max_draft_len=4, max_batch_size=1)
+    ev = eng.add([0], SamplingParams(max_new_tokens=10), draft_tokens=[2, 3, 9, 5])
+    assert ev.new_tokens == [1]
+    evs = eng.step()
+    assert evs[0].new_tokens == [2, 3, 4]  # 2 and 3 accepted, 9 rejected → correction 4
+    assert evs[0].stats.drafted == 4 and evs[0].stats.accepted == 2

@@ -1,0 +1,502 @@
+"""EAGLE-3 head for the torch runtime (Li et al. 2025, "EAGLE-3: Scaling up Inference
+Acceleration of Large Language Models via Training-Time Test").
+
+The head drafts from the target's own features instead of running a second LM:
+
+  feature   f_j = fc(concat(h_low_j, h_mid_j, h_high_j))      target layer outputs at position j
+  layer     a_j = concat(input_layernorm(embed(x_{j+1})), hidden_norm(f_j))     [.., 2H]
+            g_j = f_j + attn(a_j) ;  g_j = g_j + mlp(post_attention_layernorm(g_j))
+  logits    lm_head(norm(g_j))  → distribution of x_{j+2}      (the target's LM head and embedding)
+
+Drafting beyond the first token has no target features yet, so the head feeds its own output
+``g_j`` (pre-norm) as the next position's feature: autoregressive in feature space.
+
+Weights and config use the layout ModelOpt's ``export_speculative_decoding`` writes and TRT-LLM's
+PyTorch flow reads as ``speculative_model``: ``config.json`` (``LlamaForCausalLMEagle3`` +
+``eagle_config``) and ``model.safetensors`` with ``fc.weight``, ``layers.0.*``, ``norm.weight``,
+``lm_head.weight``. ``eagle_aux_hidden_state_layer_ids`` index decoder-layer *outputs* (ModelOpt
+and TRT-LLM convention; vLLM counts the embedding as 0, so its ids are ours + 1).
+
+Feature normalisation: TRT-LLM and the reference implementation feed ``hidden_norm(f)`` to the
+attention. ModelOpt 0.47's HF plugin runs the decoder layer's ``input_layernorm`` on ``f`` first
+and then ``hidden_norm`` (``hidden_norm(input_layernorm(f))``), a different function once the
+norm weights train away from 1. ``feature_norm="modelopt"`` reproduces that exactly; heads
+trained by ModelOpt record it in their manifest. Everything else (and TRT-LLM) is "standard".
+
+KV cache: the head keeps its own cache, rolled back exactly like a draft model's. Positions
+computed from *target* features are kept (``valid``); positions computed from the head's own
+features while drafting are discarded after verification and recomputed with the target's
+features of the accepted tokens, which the verify pass returns for free.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from trtspec.errors import ModelError
+from trtspec.speculative.model import MLP, Attention, CausalLM, KVCache, ModelArgs, RMSNorm, Step, rotate_half
+from trtspec.speculative.proposers import Proposal, register
+from trtspec.speculative.sampling import logits_to_probs, sample
+
+ARCHITECTURE = "LlamaForCausalLMEagle3"
+FEATURE_NORMS = ("standard", "modelopt")
+
+
+def default_aux_layers(num_layers: int) -> tuple[int, ...]:
+    """Low/mid/high target layers whose outputs make the feature.
+
+    ModelOpt and TRT-LLM default to ``(1, n//2 - 1, n - 4)``; that collapses for shallow targets
+    (a 4-layer target gives ``(0, 1)``), so below 8 layers take the first, middle and last layer.
+    """
+    if num_layers >= 8:
+        return (1, num_layers // 2 - 1, num_layers - 4)
+    return tuple(sorted({0, num_layers // 2, num_layers - 1}))
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    """What ``config.json`` of an EAGLE-3 head says, plus how its feature is normalised."""
+
+    layer: ModelArgs  # the head's decoder layer (hidden_size = the target's)
+    aux_layers: tuple[int, ...]
+    feature_norm: str = "standard"
+
+    def to_hf_config(self, *, target_cfg: dict | None = None, dtype: str = "float32") -> dict:
+        """The config ModelOpt's exporter writes (its llama template) for this head."""
+        a, t = self.layer, target_cfg or {}
+        return {
+            "architectures": [ARCHITECTURE],
+            "bos_token_id": t.get("bos_token_id", a.bos_token_id),
+            "eos_token_id": t.get("eos_token_id", a.eos_token_id),
+            "hidden_act": "silu",
+            "hidden_size": a.hidden_size,
+            "initializer_range": 0.02,
+            "intermediate_size": a.intermediate_size,
+            "max_position_embeddings": a.max_position_embeddings,
+            "model_type": "llama",
+            "num_attention_heads": a.num_attention_heads,
+            "num_key_value_heads": a.num_key_value_heads,
+            "num_hidden_layers": 1,
+            "pad_token_id": t.get("pad_token_id"),
+            "rms_norm_eps": a.rms_norm_eps,
+            "tie_word_embeddings": False,
+            "torch_dtype": dtype,
+            "use_cache": True,
+            "vocab_size": a.vocab_size,
+            "draft_vocab_size": a.vocab_size,
+            "rope_scaling": None,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "head_dim": a.head_dim,
+            "mlp_bias": False,
+            "pretraining_tp": 1,
+            "rope_theta": a.rope_theta,
+            "eagle_config": {
+                "eagle_aux_hidden_state_layer_ids": list(self.aux_layers),
+                "use_aux_hidden_state": True,
+                "use_input_layernorm_in_first_layer": True,
+                "use_last_layernorm": True,
+                "use_mtp_layernorm": False,
+                "next_layer_regular": True,
+                "parallel_draft_step": 1,
+                "parallel_draft_heads_num_layers": 1,
+            },
+        }
+
+    @classmethod
+    def from_hf_config(cls, cfg: dict, *, where: str = "config.json", feature_norm: str = "standard") -> "HeadConfig":
+        archs = cfg.get("architectures") or []
+        if archs != [ARCHITECTURE]:
+            raise ModelError(
+                f"{where}: architectures {archs} is not an EAGLE-3 head",
+                fix=f"point at a head folder with architectures [{ARCHITECTURE!r}] "
+                    "(trtspec models eagle3, or ModelOpt's export_speculative_decoding)",
+            )
+        ec = cfg.get("eagle_config") or {}
+        ids = ec.get("eagle_aux_hidden_state_layer_ids") or []
+        if not ec.get("use_aux_hidden_state", False) or not ids:
+            raise ModelError(f"{where}: eagle_config.use_aux_hidden_state is off or has no "
+                             f"eagle_aux_hidden_state_layer_ids (an EAGLE-1 style head)",
+                             fix="train an EAGLE-3 head (aux hidden states from several target layers)")
+        if cfg.get("num_hidden_layers", 1) != 1:
+            raise ModelError(f"{where}: num_hidden_layers={cfg['num_hidden_layers']}; the torch runtime runs 1-layer heads",
+                             fix="use a 1-layer EAGLE-3 head")
+        if not ec.get("use_last_layernorm", True):
+            raise ModelError(f"{where}: eagle_config.use_last_layernorm is false; the head needs norm.weight",
+                             fix="export with use_last_layernorm: true")
+        draft_vocab = cfg.get("draft_vocab_size") or cfg["vocab_size"]
+        if draft_vocab != cfg["vocab_size"]:
+            raise ModelError(f"{where}: draft_vocab_size {draft_vocab} != vocab_size {cfg['vocab_size']} (a d2t-mapped "
+                             "head); the torch runtime drafts over the full vocabulary",
+                             fix="train the head with the full target vocabulary")
+        rope = cfg.get("rope_scaling") or {}
+        if rope and rope.get("rope_type", rope.get("type", "default")) != "default":
+            raise ModelError(
+                f"{where}: rope_scaling {rope} is not supported by the torch runtime",
+                fix="re-export with ModelOpt's eagle_export_rope_scaling={} (it injects yarn x32 by default "
+                    "although training used default RoPE)",
+            )
+        if feature_norm not in FEATURE_NORMS:
+            raise ModelError(f"{where}: feature_norm {feature_norm!r}", fix=f"use one of {FEATURE_NORMS}")
+        layer = ModelArgs(
+            vocab_size=cfg["vocab_size"],
+            hidden_size=cfg["hidden_size"],
+            intermediate_size=cfg["intermediate_size"],
+            num_hidden_layers=1,
+            num_attention_heads=cfg["num_attention_heads"],
+            num_key_value_heads=cfg.get("num_key_value_heads") or cfg["num_attention_heads"],
+            head_dim=cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"],
+            rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+            rope_theta=float(cfg.get("rope_theta") or 10000.0),
+            max_position_embeddings=cfg.get("max_position_embeddings", 4096),
+            tie_word_embeddings=False,
+            attention_bias=bool(cfg.get("attention_bias", False)),
+            bos_token_id=cfg.get("bos_token_id"),
+            eos_token_id=cfg.get("eos_token_id"),
+        )
+        return cls(layer, tuple(int(i) for i in ids), feature_norm)
+
+
+class Eagle3Layer(nn.Module):
+    """The head's decoder layer: attention over the 2H-wide concat(embedding, feature)."""
+
+    def __init__(self, a: ModelArgs, feature_norm: str = "standard"):
+        super().__init__()
+        self.self_attn = Attention(a)
+        H, D = a.hidden_size, a.head_dim
+        # q/k/v read [embedding ; feature], twice the hidden size; o_proj writes H as usual
+        self.self_attn.q_proj = nn.Linear(2 * H, a.num_attention_heads * D, bias=a.attention_bias)
+        self.self_attn.k_proj = nn.Linear(2 * H, a.num_key_value_heads * D, bias=a.attention_bias)
+        self.self_attn.v_proj = nn.Linear(2 * H, a.num_key_value_heads * D, bias=a.attention_bias)
+        self.mlp = MLP(a)
+        self.input_layernorm = RMSNorm(H, a.rms_norm_eps)
+        self.hidden_norm = RMSNorm(H, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(H, a.rms_norm_eps)
+        self.feature_norm = feature_norm
+
+    def attn_input(self, feature: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
+        f = self.input_layernorm(feature) if self.feature_norm == "modelopt" else feature
+        return torch.cat([self.input_layernorm(emb), self.hidden_norm(f)], dim=-1)  # [B, T, 2H]
+
+    def forward(self, feature, emb, cos, sin, k_cache, v_cache, step, mask, index):
+        x = feature + self.self_attn(self.attn_input(feature, emb), cos, sin, k_cache, v_cache, step, mask, index)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def rope_tables(n: int, head_dim: int, theta: float, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin ``[n, head_dim]`` in HF's convention (cat(freqs, freqs)), as the target's model."""
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    emb = torch.cat([torch.outer(torch.arange(n, dtype=torch.float32), inv)] * 2, dim=-1)
+    return emb.cos().to(device, dtype), emb.sin().to(device, dtype)
+
+
+class Eagle3Head(nn.Module):
+    """fc + one decoder layer + final norm. Parameter names are the export's tensor names.
+
+    ``embed`` and ``lm_head`` are the target's (not parameters of the head): EAGLE-3 shares
+    them, and sharing keeps a Qwen-size head from carrying a second 150k-row LM head.
+    """
+
+    def __init__(self, cfg: HeadConfig, embed: nn.Embedding, lm_head: nn.Linear):
+        super().__init__()
+        a = cfg.layer
+        self.cfg, self.args = cfg, a
+        self.fc = nn.Linear(len(cfg.aux_layers) * a.hidden_size, a.hidden_size, bias=False)
+        self.layers = nn.ModuleList([Eagle3Layer(a, cfg.feature_norm)])
+        self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self._shared = (embed, lm_head)  # a tuple: not registered as submodules
+        self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
+
+    @property
+    def aux_layers(self) -> tuple[int, ...]:
+        return self.cfg.aux_layers
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self._shared[0](ids)
+
+    def logits(self, g: torch.Tensor) -> torch.Tensor:
+        return self._shared[1](self.norm(g))
+
+    def cos_sin(self, n: int, device, dtype):
+        r = self._rope
+        # tables built under inference_mode cannot enter autograd (training after an eval)
+        stale = r is None or r[0] < n or r[1].device != device or r[1].dtype != dtype
+        if stale or (r[1].is_inference() and not torch.is_inference_mode_enabled()):
+            cos, sin = rope_tables(max(n, 256), self.args.head_dim, self.args.rope_theta, device, dtype)
+            self._rope = (max(n, 256), cos, sin)
+        return self._rope[1], self._rope[2]
+
+    def new_cache(self, batch: int, max_len: int) -> KVCache:
+        p = self.fc.weight
+        return KVCache(self.args, batch, max_len, p.dtype, p.device)
+
+    def forward(
+        self,
+        feature: torch.Tensor,  # [B, T, H] fused feature fc(target layers) or the head's own g
+        input_ids: torch.Tensor,  # [B, T] the token *after* each feature's position
+        cache: KVCache | None,
+        step: Step | None = None,
+    ) -> torch.Tensor:
+        """→ g ``[B, T, H]`` (pre-norm; ``logits(g)`` drafts, ``g`` is the next feature)."""
+        B, T = input_ids.shape
+        dev = input_ids.device
+        if cache is None:
+            step = Step(list(range(B)), [0] * B, T)
+        starts = torch.tensor(step.starts, device=dev)
+        positions = starts[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
+        cos_t, sin_t = self.cos_sin(step.kv_len, dev, feature.dtype)
+        cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, T, D]
+        mask = index = None
+        if cache is not None and not (T == 1 and step.uniform):
+            keys = torch.arange(step.kv_len, device=dev)
+            mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
+        if cache is not None and not (step.uniform and step.contiguous_rows):
+            rows = torch.tensor(step.rows, device=dev)
+            index = (rows[:, None, None].expand(B, 1, T), positions[:, None, :])
+        kc, vc = (cache.k[0], cache.v[0]) if cache is not None else (None, None)
+        return self.layers[0](feature, self.embed(input_ids), cos, sin, kc, vc, step, mask, index)
+
+    # ---- training-time test (TTT): attention over several draft steps at once
+
+    def ttt_forward(
+        self,
+        feature: torch.Tensor,  # [B, T, H]
+        input_ids: torch.Tensor,  # [B, T]
+        past: list[tuple[torch.Tensor, torch.Tensor]],  # K/V [B, Hkv, T, D] of steps 0..s-1
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """Draft step ``s = len(past)`` for every position at once (EAGLE-3 §3.3, training-time test).
+
+        Row position ``j`` of step ``s`` is the s-th draft step after anchor ``a = j - s`` (the
+        last position with target features). At inference it sees the anchor's prefix computed
+        from target features (step 0 keys at positions <= a) and its own chain (step ``t`` keys at
+        position ``a + t``, t = 1..s); this mask reproduces exactly that.
+        """
+        layer = self.layers[0]
+        at = layer.self_attn
+        B, T, _ = feature.shape
+        H, Hkv, D = at.n_heads, at.n_kv, at.head_dim
+        cos_t, sin_t = self.cos_sin(T, feature.device, feature.dtype)
+        cos, sin = cos_t[:T], sin_t[:T]  # [T, D]
+        a = layer.attn_input(feature, self.embed(input_ids))
+        q = at.q_proj(a).view(B, T, H, D).transpose(1, 2)
+        k = at.k_proj(a).view(B, T, Hkv, D).transpose(1, 2)
+        v = at.v_proj(a).view(B, T, Hkv, D).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        s = len(past)
+        keys = torch.cat([pk for pk, _ in past] + [k], dim=2)  # [B, Hkv, (s+1)T, D]
+        values = torch.cat([pv for _, pv in past] + [v], dim=2)
+        i = torch.arange(T, device=feature.device)
+        blocks = [i[None, :] <= (i[:, None] - s)]  # step 0: keys at positions <= anchor
+        blocks += [i[None, :] == (i[:, None] - s + t) for t in range(1, s + 1)]  # chain steps
+        mask = torch.cat(blocks, dim=1)  # [T, (s+1)T]; the t = s block is the diagonal, never empty
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=Hkv != H)
+        x = feature + at.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
+        return x + layer.mlp(layer.post_attention_layernorm(x)), (k, v)
+
+
+# --------------------------------------------------------------------------------------------
+# load / save
+
+
+HEAD_TENSORS = (
+    "fc.weight",
+    "layers.0.self_attn.q_proj.weight", "layers.0.self_attn.k_proj.weight",
+    "layers.0.self_attn.v_proj.weight", "layers.0.self_attn.o_proj.weight",
+    "layers.0.mlp.gate_proj.weight", "layers.0.mlp.up_proj.weight", "layers.0.mlp.down_proj.weight",
+    "layers.0.input_layernorm.weight", "layers.0.post_attention_layernorm.weight", "layers.0.hidden_norm.weight",
+    "norm.weight",
+)
+
+
+def head_state_dict(head: Eagle3Head) -> dict[str, torch.Tensor]:
+    """The export's tensors: the head's own plus ``lm_head.weight`` (copied from the target,
+    as ModelOpt writes it; TRT-LLM then uses it instead of the target's)."""
+    sd = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
+    sd["lm_head.weight"] = head._shared[1].weight.detach().contiguous()
+    return sd
+
+
+def save_head(head: Eagle3Head, folder: str | pathlib.Path, *, target_cfg: dict | None = None) -> None:
+    """Write ``config.json`` + ``model.safetensors`` in ModelOpt's export layout."""
+    from safetensors.torch import save_file
+
+    folder = pathlib.Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    dtype = str(head.fc.weight.dtype).removeprefix("torch.")
+    cfg = head.cfg.to_hf_config(target_cfg=target_cfg, dtype=dtype)
+    (folder / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    save_file(head_state_dict(head), str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+def load_eagle3_head(
+    folder: str | pathlib.Path,
+    target: CausalLM,
+    *,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device | None = None,
+) -> Eagle3Head:
+    """Load a head folder for ``target``; checks that the head was made for this target."""
+    from safetensors.torch import load_file
+
+    from trtspec.manifest import maybe_manifest
+    from trtspec.speculative.model import read_hf_config
+
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise ModelError(f"EAGLE-3 head folder not found: {folder}",
+                         fix="train one with `trtspec models eagle3 --target DIR --out DIR`")
+    manifest = maybe_manifest(folder) or {}
+    cfg = HeadConfig.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"),
+                                    feature_norm=manifest.get("feature_norm", "standard"))
+    t = target.args
+    where = str(folder / "config.json")
+    if cfg.layer.hidden_size != t.hidden_size:
+        raise ModelError(f"{where}: head hidden_size {cfg.layer.hidden_size} != target hidden_size {t.hidden_size}",
+                         fix="train the head on this target (trtspec models eagle3)")
+    if cfg.layer.vocab_size != t.vocab_size:
+        raise ModelError(f"{where}: head vocab_size {cfg.layer.vocab_size} != target vocab_size {t.vocab_size}",
+                         fix="train the head on this target (trtspec models eagle3)")
+    bad = [i for i in cfg.aux_layers if not 0 <= i < t.num_hidden_layers]
+    if bad:
+        raise ModelError(f"{where}: eagle_aux_hidden_state_layer_ids {list(cfg.aux_layers)} name layers the target "
+                         f"does not have (it has {t.num_hidden_layers})", fix="train the head on this target")
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelError(f"{folder}: no *.safetensors weights", fix="export the head again")
+    state: dict[str, torch.Tensor] = {}
+    for f in files:
+        state.update(load_file(str(f)))
+    lm = state.pop("lm_head.weight", None)
+    if lm is not None:
+        # a copy of the target's LM head (ModelOpt writes one): a cheap "made for this target"
+        # check, tolerant of dtype rounding (bf16 export of an fp32 target and the reverse)
+        ref = target.lm_head.weight.detach().float().cpu()
+        if lm.shape != ref.shape or (lm.float() - ref).abs().max() > 1e-2 * ref.abs().max():
+            raise ModelError(f"{folder}: the head's lm_head.weight differs from the target's: it was trained "
+                             "for another target (or the target was changed since)",
+                             fix="train the head on this target (trtspec models eagle3)")
+    dtype = dtype or target.lm_head.weight.dtype
+    device = device or target.lm_head.weight.device
+    head = Eagle3Head(cfg, target.model.embed_tokens, target.lm_head)
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ModelError(f"{folder}: tensors do not match an EAGLE-3 head: missing {missing[:5]}, unexpected {unexpected[:5]}",
+                         fix=f"the export needs {', '.join(HEAD_TENSORS)} (+ lm_head.weight)")
+    return head.to(device=device, dtype=dtype).eval()
+
+
+# --------------------------------------------------------------------------------------------
+# the proposer
+
+
+class Eagle3Proposer:
+    """Drafts with an EAGLE-3 head from the target's features (see the module docstring).
+
+    Per slot: ``valid`` = head cache positions computed from target features; ``pending`` =
+    target features ``[m, n*H]`` of positions ``valid .. valid+m-1`` not fed yet. The token
+    paired with position ``j``'s feature is ``seq[j+1]``, so ``seq[valid+1:]`` are exactly the
+    ``m`` pending tokens. A round feeds the pending positions (the last one's output drafts
+    d_1), then drafts d_2..d_K from the head's own features; ``accept`` rolls back to ``valid``
+    and queues the verify pass's features of the accepted tokens.
+    """
+
+    name = "eagle3"
+
+    def __init__(self, head: Eagle3Head, max_slots: int, max_len: int):
+        self.head = head
+        self.target_hidden_layers = head.aux_layers
+        self.cache = head.new_cache(max_slots, max_len)
+        self.valid = [0] * max_slots
+        self.pending: list[torch.Tensor | None] = [None] * max_slots
+        self.device = head.fc.weight.device
+
+    @torch.inference_mode()
+    def prefill(self, slot, seq, target_hidden=None):
+        if target_hidden is None:
+            raise ModelError("the EAGLE-3 proposer needs the target's hidden states at prefill",
+                             fix="run it in an engine that honours target_hidden_layers")
+        feats = target_hidden[0]  # [L, n*H], L = len(seq) - 1 (seq ends with the first token)
+        L = feats.shape[0]
+        if L > 1:  # all but the last position now; the last one drafts d_1 in propose
+            ids = torch.tensor([seq[1:L]], device=self.device)
+            self.head(self.head.fc(feats[None, : L - 1]), ids, self.cache, Step([slot], [0], L - 1))
+        self.valid[slot] = L - 1
+        self.pending[slot] = feats[L - 1 :].clone()
+
+    def _feed(self, slots, seqs) -> torch.Tensor:
+        """Feed every row's pending positions; returns g at each row's last one ``[B, H]``."""
+        pend = [self.pending[s] for s in slots]
+        if any(p is None or p.shape[0] == 0 for p in pend):
+            raise ModelError("EAGLE-3 proposer: propose() without pending target features "
+                             "(prefill/accept were not called for a slot)")
+        ms = [p.shape[0] for p in pend]
+        T = max(ms)
+        starts = [self.valid[s] for s in slots]
+        if max(starts) + T > self.cache.max_len:  # padding would run past the cache: one row at a time
+            return torch.cat([self._feed([s], [q]) for s, q in zip(slots, seqs)])
+        nH = pend[0].shape[1]
+        feats = torch.zeros(len(slots), T, nH, dtype=pend[0].dtype, device=self.device)
+        ids = []
+        for b, (p, s, seq) in enumerate(zip(pend, slots, seqs)):
+            feats[b, : ms[b]] = p
+            toks = seq[self.valid[s] + 1 : self.valid[s] + 1 + ms[b]]
+            ids.append(toks + [toks[-1]] * (T - ms[b]))  # padding: written past valid, overwritten later
+        g = self.head(self.head.fc(feats), torch.tensor(ids, device=self.device), self.cache, Step(slots, starts, T))
+        for s, m in zip(slots, ms):
+            self.valid[s] += m
+            self.pending[s] = None
+        last = torch.tensor([m - 1 for m in ms], device=self.device)
+        return g[torch.arange(len(slots), device=self.device), last]  # [B, H]
+
+    @torch.inference_mode()
+    def propose(self, slots, seqs, ks, params, generators):
+        B, K = len(slots), max(ks)
+        g = self._feed(slots, seqs)
+        greedy = all(p.greedy for p in params)
+        tokens, probs = [], []
+        for i in range(K):
+            logits = self.head.logits(g)  # [B, V]
+            if greedy:
+                x = logits.argmax(-1)
+            else:
+                q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, V]
+                x = torch.stack([sample(q[b], generators[b]) for b in range(B)])
+                probs.append(q)
+            tokens.append(x)
+            if i < K - 1:  # own feature g → next position; written past valid, rolled back in accept
+                step = Step(slots, [self.valid[s] + i for s in slots], 1)
+                g = self.head(g[:, None], x[:, None], self.cache, step)[:, 0]
+        return Proposal(
+            torch.stack(tokens, 1),
+            torch.stack(probs, 1) if probs else None,
+            torch.tensor(ks, device=self.device),
+        )
+
+    def accept(self, slots, seqs, accepted, target_hidden=None):
+        if target_hidden is None:
+            raise ModelError("the EAGLE-3 proposer needs the verify pass's hidden states",
+                             fix="run it in an engine that honours target_hidden_layers")
+        for b, (s, n) in enumerate(zip(slots, accepted)):
+            new = target_hidden[b, : n + 1]  # features of [pending token, d_1..d_n]
+            old = self.pending[s]
+            # a step without drafting (k = 0) leaves earlier pending features unfed: keep them
+            self.pending[s] = new.clone() if old is None else torch.cat([old, new])
+
+    def release(self, slot):
+        self.valid[slot] = 0
+        self.pending[slot] = None
+
+
+@register("eagle3")
+def _eagle3(spec, target: CausalLM, dtype, device) -> Eagle3Proposer:
+    if not spec.draft:
+        raise ModelError("eagle3 needs an EAGLE-3 head folder", fix="set speculation.head.model (or --head DIR)")
+    head = load_eagle3_head(spec.draft, target, dtype=dtype, device=device)
+    return Eagle3Proposer(head, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2)
