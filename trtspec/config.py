@@ -119,6 +119,11 @@ class Eagle(Strict):
     use_dynamic_tree: bool = False  # EAGLE-2
     dynamic_tree_max_top_k: int = Field(10, ge=1, le=64)
     posterior_threshold: float | None = Field(None, gt=0, lt=1, description="typical acceptance")
+    modelopt_checkpoint: bool = Field(
+        False,
+        description="head.model is one ModelOpt unified checkpoint (base + eagle_module, config.json 'eagle' "
+        "block); converted alone, without --eagle_model_dir",
+    )
 
     @model_validator(mode="after")
     def _tree(self) -> "Eagle":
@@ -305,6 +310,14 @@ class TrtllmOptions(Strict):
     gpu_device_ids: list[int] | None = None
     draft_gpu_device_ids: list[int] | None = None
     container_image: str = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    examples_dir: str = Field(
+        "/workspace/TensorRT-LLM/examples",
+        description="TRT-LLM examples/ folder of the release in `version` (convert_checkpoint.py, quantize.py)",
+    )
+    model_family: Literal["auto", "llama", "mistral", "mixtral", "qwen"] = Field(
+        "auto",
+        description="engine flow: which convert_checkpoint.py to use; auto = config.json model_type of the target",
+    )
 
     @model_validator(mode="after")
     def _mem(self) -> "TrtllmOptions":
