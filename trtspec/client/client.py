@@ -1,0 +1,497 @@
+"""A small typed gRPC client for LLM deployments on Triton (asyncio core, sync wrapper).
+
+Talks to the models NVIDIA's tensorrtllm backend defines, by their tensor names
+(reference/trtllm-triton.md §2.3), so the same client works against a trtspec repository and an
+NVIDIA one:
+
+* text models: ``ensemble``, ``ensemble_baseline``, ``tensorrt_llm_bls`` — ``text_input`` in,
+  ``text_output`` out (delta text per streamed response);
+* id models: ``tensorrt_llm`` — ``input_ids``/``input_lengths``/``request_output_len`` in,
+  ``output_ids`` out; text needs a tokenizer.
+
+Every request goes over the gRPC *streaming* API: unary infer is rejected for decoupled models,
+and the stream API also serves non-decoupled ones (one response). Inputs are built from the
+model's own config (datatype and shape), and only inputs the model declares are sent; the trtspec
+extras (``output_ids`` on text models, ``served_by``, ``perf_json``) are read when present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from trtspec.client.errors import (
+    InferenceFailed,
+    ModelNotFound,
+    RequestRejected,
+    RequestTimeout,
+    ServerNotReady,
+    ServerRequestError,
+    ServerUnavailable,
+    classify,
+    from_exception,
+)
+from trtspec.client.types import Chunk, GenerationResult, Sampling
+from trtspec.errors import ConfigError
+
+SPECULATIVE_MODEL = "ensemble"
+BASELINE_MODEL = "ensemble_baseline"
+
+# logical request field → input names that carry it, per model kind (first declared name wins)
+_TEXT_INPUTS = {
+    "max_tokens": ("max_tokens",),
+    "stream": ("stream",),
+    "temperature": ("temperature",),
+    "top_k": ("top_k",),
+    "top_p": ("top_p",),
+    "seed": ("seed", "random_seed"),
+    "end_id": ("end_id",),
+    "pad_id": ("pad_id",),
+    "return_perf_metrics": ("return_perf_metrics",),
+    "exclude_input_in_output": ("exclude_input_in_output",),
+}
+_ID_INPUTS = {
+    "max_tokens": ("request_output_len",),
+    "stream": ("streaming",),
+    "temperature": ("temperature",),
+    "top_k": ("runtime_top_k",),
+    "top_p": ("runtime_top_p",),
+    "seed": ("seed", "random_seed"),
+    "end_id": ("end_id",),
+    "pad_id": ("pad_id",),
+    "return_perf_metrics": ("return_perf_metrics",),
+    "exclude_input_in_output": ("exclude_input_in_output",),
+}
+_URL = re.compile(r"^(?:grpc://)?(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
+_ids = itertools.count()
+
+
+def parse_url(url: str) -> str:
+    """``HOST:PORT`` (an optional ``grpc://`` is dropped) or a :class:`ConfigError`."""
+    m = _URL.match(url.strip()) if isinstance(url, str) else None
+    if not m or not 0 < int(m.group(2)) < 65536:
+        raise ConfigError("--url", url, "expected HOST:PORT of the server's gRPC endpoint",
+                          fix="e.g. --url 127.0.0.1:8001")
+    return f"{m.group(1)}:{int(m.group(2))}"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the client needs to know about a model, read once from its config."""
+
+    name: str
+    kind: str  # "text" | "ids"
+    inputs: dict[str, tuple[str, tuple[int, ...]]]  # name → (datatype, dims without batch)
+    outputs: frozenset[str]
+    max_batch_size: int
+    decoupled: bool
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "ModelInfo":
+        inputs = {i["name"]: (i["data_type"].removeprefix("TYPE_").replace("STRING", "BYTES"),
+                              tuple(int(d) for d in i.get("dims", [])))
+                  for i in cfg.get("input", [])}
+        kind = "text" if "text_input" in inputs else "ids" if "input_ids" in inputs else "unknown"
+        return cls(
+            name=cfg["name"], kind=kind, inputs=inputs,
+            outputs=frozenset(o["name"] for o in cfg.get("output", [])),
+            max_batch_size=int(cfg.get("max_batch_size", 0)),
+            decoupled=bool(cfg.get("model_transaction_policy", {}).get("decoupled", False)),
+        )
+
+    def tensor(self, name: str, values: Sequence[Any]):
+        """An ``InferInput`` shaped as the model declares it ([1, ...] when it batches)."""
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import triton_to_np_dtype
+
+        dtype, dims = self.inputs[name]
+        n = len(values)
+        shape = [n if d == -1 else d for d in dims] or [1]
+        if self.max_batch_size > 0:
+            shape = [1, *shape]
+        if dtype == "BYTES":
+            arr = np.array([v if isinstance(v, bytes) else str(v).encode() for v in values], dtype=np.object_)
+        else:
+            arr = np.array(values, dtype=triton_to_np_dtype(dtype))
+        t = grpcclient.InferInput(name, shape, dtype)
+        t.set_data_from_numpy(arr.reshape(shape))
+        return t
+
+
+def _load_tokenizer(tokenizer):
+    if tokenizer is None or not isinstance(tokenizer, str):
+        return tokenizer
+    import os
+
+    if not os.path.isdir(tokenizer):
+        raise ConfigError("tokenizer", tokenizer, "tokenizer folder not found",
+                          fix="pass an HF model or tokenizer folder (the target's)")
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tokenizer)
+
+
+class AsyncLLMClient:
+    """asyncio client. ``async with AsyncLLMClient("127.0.0.1:8001") as c: r = await c.generate(...)``.
+
+    ``tokenizer`` (an HF tokenizer or folder) is optional: it encodes prompts for id models,
+    decodes their output, and counts tokens when a text model returns no ``output_ids``.
+    Connection errors before the first response are retried ``retries`` times with exponential
+    backoff from ``backoff_s``; errors after output began are raised (a retry would re-time it).
+    """
+
+    def __init__(self, url: str, *, tokenizer=None, retries: int = 3, backoff_s: float = 0.25,
+                 timeout_s: float | None = 600.0):
+        self.url = parse_url(url)
+        self.tokenizer = _load_tokenizer(tokenizer)
+        self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
+        self._client = None
+        self._info: dict[str, ModelInfo] = {}
+
+    async def __aenter__(self) -> "AsyncLLMClient":
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    def _grpc(self):
+        if self._client is None:  # created lazily: grpc.aio binds to the running loop
+            import tritonclient.grpc.aio as aio
+
+            self._client = aio.InferenceServerClient(self.url)
+        return self._client
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    # ---- server and model state
+
+    async def wait_ready(self, models: Sequence[str] = (), timeout_s: float = 30.0) -> None:
+        """Wait until the server and ``models`` are ready. An unknown model fails at once."""
+        deadline = time.monotonic() + timeout_s
+        delay, last = 0.1, None
+        while True:
+            try:
+                c = self._grpc()
+                if await c.is_server_ready():
+                    pending = [m for m in models if not await c.is_model_ready(m)]
+                    if not pending:
+                        return
+                    await self._check_known(pending)
+                    last = ServerNotReady(f"model(s) {', '.join(pending)} not ready yet", url=self.url)
+                else:
+                    last = ServerNotReady("server is up but not ready (still loading models)", url=self.url)
+            except ModelNotFound:
+                raise
+            except Exception as e:  # noqa: BLE001 - tritonclient and grpc errors, mapped below
+                last = from_exception(e, url=self.url, model=None)
+                if not isinstance(last, ServerUnavailable):
+                    raise last from None
+            if time.monotonic() + delay > deadline:
+                if isinstance(last, ServerNotReady):
+                    last.fix = f"waited {timeout_s:.0f}s; check the server log, or wait longer"
+                raise last
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _check_known(self, models: Sequence[str]) -> None:
+        try:
+            index = await self._grpc().get_model_repository_index(as_json=True)
+        except Exception:  # noqa: BLE001 - the index API may be restricted; then just keep waiting
+            return
+        names = sorted({m["name"] for m in index.get("models", [])})
+        for m in models:
+            if m not in names:
+                raise ModelNotFound(f"the repository has no model '{m}'", url=self.url, model=m,
+                                    status="NOT_FOUND", fix=f"models served here: {', '.join(names) or 'none'}")
+
+    async def model_info(self, model: str) -> ModelInfo:
+        if model not in self._info:
+            for attempt in range(self.retries + 1):
+                try:
+                    cfg = (await self._grpc().get_model_config(model, as_json=True))["config"]
+                    break
+                except Exception as e:  # noqa: BLE001
+                    err = from_exception(e, url=self.url, model=model)
+                    if isinstance(err, ModelNotFound):
+                        await self._check_known([model])
+                    if not isinstance(err, ServerUnavailable) or attempt == self.retries:
+                        raise err from None
+                    await asyncio.sleep(self.backoff_s * 2**attempt)
+            info = ModelInfo.from_config(cfg)
+            if info.kind == "unknown":
+                raise RequestRejected(
+                    "is not an LLM model: it has neither a 'text_input' nor an 'input_ids' input",
+                    url=self.url, model=model, fix="use ensemble, ensemble_baseline, tensorrt_llm_bls or tensorrt_llm")
+            self._info[model] = info
+        return self._info[model]
+
+    # ---- generation
+
+    async def generate(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
+                       model: str = SPECULATIVE_MODEL, stream: bool = True, request_id: str | None = None,
+                       timeout_s: float | None = None) -> GenerationResult:
+        """Send one request and collect every streamed response until the final one."""
+        sampling = sampling or Sampling()
+        info = await self.model_info(model)
+        inputs, prompt_tokens = self._inputs(info, prompt, sampling, stream)
+        rid = request_id or f"trtspec-{next(_ids)}"
+        timeout = self.timeout_s if timeout_s is None else timeout_s
+        for attempt in range(self.retries + 1):
+            try:
+                if timeout is None:
+                    res = await self._stream_once(info, inputs, rid, stream)
+                else:
+                    async with asyncio.timeout(timeout):
+                        res = await self._stream_once(info, inputs, rid, stream)
+                break
+            except TimeoutError:
+                raise RequestTimeout(f"no final response within {timeout:g}s", url=self.url, model=model,
+                                     fix="raise the timeout or lower max_tokens") from None
+            except _NoResponseYet as e:
+                if attempt == self.retries:
+                    raise e.error from None
+                await asyncio.sleep(self.backoff_s * 2**attempt)
+        res.attempts = attempt + 1
+        res.prompt_tokens = prompt_tokens if prompt_tokens is not None else (res.perf or {}).get("prompt_tokens")
+        return res
+
+    def _inputs(self, info: ModelInfo, prompt, sampling: Sampling, stream: bool):
+        names = _TEXT_INPUTS if info.kind == "text" else _ID_INPUTS
+        prompt_tokens = None
+        if info.kind == "text":
+            if not isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise ConfigError("prompt", prompt, f"model '{info.name}' takes text",
+                                      fix="pass a string, or a tokenizer to decode ids")
+                prompt = self.tokenizer.decode(list(prompt))
+            if self.tokenizer is not None:
+                prompt_tokens = len(self.tokenizer(prompt, add_special_tokens=False)["input_ids"])
+            tensors = [info.tensor("text_input", [prompt])]
+        else:
+            if isinstance(prompt, str):
+                if self.tokenizer is None:
+                    raise ConfigError("prompt", prompt[:40], f"model '{info.name}' takes token ids",
+                                      fix="pass token ids, or a tokenizer (--tokenizer DIR)")
+                prompt = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+            ids = [int(i) for i in prompt]
+            prompt_tokens = len(ids)
+            tensors = [info.tensor("input_ids", ids), info.tensor("input_lengths", [len(ids)])]
+        wanted = {
+            "max_tokens": sampling.max_tokens, "stream": stream, "temperature": sampling.temperature,
+            "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": sampling.seed,
+            "end_id": sampling.end_id, "pad_id": sampling.pad_id,
+            "return_perf_metrics": sampling.return_perf_metrics, "exclude_input_in_output": True,
+        }
+        for field, value in wanted.items():
+            if value is None:
+                continue
+            name = next((n for n in names[field] if n in info.inputs), None)
+            if name is None:
+                # the model does not take it: fine for defaults, an error for a real request
+                essential = field == "max_tokens" or (field == "stream" and stream) or (
+                    field in ("temperature", "top_k", "top_p", "seed") and sampling.temperature > 0)
+                if essential:
+                    raise RequestRejected(
+                        f"has no input for '{field}' ({' or '.join(names[field])})", url=self.url, model=info.name,
+                        fix="use a model with NVIDIA's ensemble inputs (docs/serving.md)")
+                continue
+            tensors.append(info.tensor(name, [value]))
+        return tensors, prompt_tokens
+
+    async def _stream_once(self, info: ModelInfo, inputs, rid: str, stream: bool) -> GenerationResult:
+        c = self._grpc()
+        sent: list[float] = []
+
+        async def requests():
+            sent.append(time.perf_counter())  # handed to gRPC now
+            yield {"model_name": info.name, "inputs": inputs, "request_id": rid}
+
+        parser = _ResponseParser(info, self.tokenizer, stream)
+        it = None
+        try:
+            it = c.stream_infer(inputs_iterator=requests())
+            while True:
+                try:
+                    result, error = await it.__anext__()
+                except StopAsyncIteration:
+                    break
+                now = time.perf_counter()
+                if error is not None:
+                    err = classify(None, error.message() if callable(getattr(error, "message", None)) else str(error),
+                                   url=self.url, model=info.name)
+                    if parser.responses == 0 and isinstance(err, ServerUnavailable):
+                        raise _NoResponseYet(err)
+                    raise err
+                if parser.add(result, now - sent[0]):
+                    break
+        except (ServerRequestError, _NoResponseYet):
+            raise
+        except asyncio.CancelledError:
+            if it is not None:
+                it.cancel()
+            raise
+        except Exception as e:  # noqa: BLE001 - grpc.aio.AioRpcError and tritonclient errors
+            err = from_exception(e, url=self.url, model=info.name)
+            if parser.responses == 0 and isinstance(err, ServerUnavailable):
+                raise _NoResponseYet(err) from None
+            raise err from None
+        if not sent:
+            raise ServerUnavailable("the request was never sent", url=self.url, model=info.name)
+        if parser.responses == 0:
+            raise InferenceFailed("the stream closed without a single response", url=self.url, model=info.name,
+                                  fix="see the tritonserver log; the model may have dropped the request")
+        return parser.result(info.name, rid, sent[0])
+
+
+class _NoResponseYet(Exception):
+    """A connection error before any response: safe to retry."""
+
+    def __init__(self, error: ServerRequestError):
+        self.error = error
+
+
+def _first(arr) -> Any:
+    return None if arr is None or arr.size == 0 else arr.reshape(-1)[0]
+
+
+class _ResponseParser:
+    """Accumulates streamed responses into a :class:`GenerationResult`."""
+
+    def __init__(self, info: ModelInfo, tokenizer, stream: bool):
+        self.info, self.tokenizer, self.stream = info, tokenizer, stream
+        self.responses = 0
+        self.chunks: list[Chunk] = []
+        self.texts: list[str] = []
+        self.ids: list[int] = []
+        self.server_ids = False
+        self.end_s = 0.0
+        self.acc: dict[str, Any] = {}
+        self.served_by: str | None = None
+        self.perf: dict | None = None
+
+    def add(self, result, t_s: float) -> bool:
+        """Record one response; True when it is the final one."""
+        self.responses += 1
+        self.end_s = t_s
+        text, ids = "", None
+        raw = result.as_numpy("text_output")
+        if raw is not None and raw.size:
+            v = raw.reshape(-1)[0]
+            text = v.decode("utf-8", errors="replace") if isinstance(v, bytes) else str(v)
+        out = result.as_numpy("output_ids")
+        if out is not None:
+            arr = out if out.ndim < 3 else out[0, 0]  # tensorrt_llm: [batch, beam, tokens]
+            ids = [int(x) for x in arr.reshape(-1)]
+            seq_len = _first(result.as_numpy("sequence_length"))
+            if seq_len is not None and out.ndim >= 3:
+                ids = ids[: int(seq_len)]
+            self.server_ids = True
+        if self.info.kind == "ids" and ids is not None and self.tokenizer is not None:
+            text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        for name, key, cast in (("acceptance_rate", "acceptance_rate", float),
+                                ("total_accepted_draft_tokens", "accepted", int),
+                                ("total_draft_tokens", "drafted", int)):
+            v = _first(result.as_numpy(name))
+            if v is not None:
+                self.acc[key] = cast(v)
+        sb = _first(result.as_numpy("served_by"))
+        if sb:
+            self.served_by = sb.decode() if isinstance(sb, bytes) else str(sb)
+        pj = _first(result.as_numpy("perf_json"))
+        if pj:
+            s = pj.decode() if isinstance(pj, bytes) else str(pj)
+            try:
+                self.perf = json.loads(s)
+            except json.JSONDecodeError:
+                self.perf = {"raw": s}
+        if text or ids:
+            if self.stream:
+                self.texts.append(text)
+                self.ids.extend(ids or [])
+            else:  # a non-streamed response carries the whole output
+                self.texts, self.ids = [text], list(ids or [])
+            n = len(ids) if ids is not None else (
+                len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if self.tokenizer else None)
+            self.chunks.append(Chunk(t_s=t_s, text=text, num_tokens=n))
+        params = result.get_response().parameters
+        return "triton_final_response" in params and params["triton_final_response"].bool_param
+
+    def result(self, model: str, rid: str, sent_at: float) -> GenerationResult:
+        text = "".join(self.texts)
+        if self.server_ids:
+            token_ids, source = self.ids, "server"
+        elif self.tokenizer is not None:
+            token_ids, source = self.tokenizer(text, add_special_tokens=False)["input_ids"], "tokenizer"
+        else:
+            token_ids, source = None, None
+        return GenerationResult(
+            model=model, request_id=rid, text=text, token_ids=token_ids, chunks=self.chunks, sent_at=sent_at,
+            end_s=self.end_s, token_ids_source=source, acceptance_rate=self.acc.get("acceptance_rate"),
+            accepted_draft_tokens=self.acc.get("accepted"), draft_tokens=self.acc.get("drafted"),
+            served_by=self.served_by, perf=self.perf, stream=self.stream,
+        )
+
+
+class LLMClient:
+    """Blocking client over :class:`AsyncLLMClient`, which runs on a private event-loop thread.
+
+    Thread-safe: calls from several threads run concurrently on that loop.
+    """
+
+    def __init__(self, url: str, **kwargs):
+        self._async = AsyncLLMClient(url, **kwargs)
+        self.url = self._async.url
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="trtspec-grpc", daemon=True)
+        self._thread.start()
+
+    def _run(self, coro):
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        try:
+            return fut.result()
+        except BaseException:
+            fut.cancel()
+            raise
+
+    def __enter__(self) -> "LLMClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def tokenizer(self):
+        return self._async.tokenizer
+
+    def wait_ready(self, models: Sequence[str] = (), timeout_s: float = 30.0) -> None:
+        self._run(self._async.wait_ready(models, timeout_s))
+
+    def model_info(self, model: str) -> ModelInfo:
+        return self._run(self._async.model_info(model))
+
+    def generate(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
+                 model: str = SPECULATIVE_MODEL, stream: bool = True, request_id: str | None = None,
+                 timeout_s: float | None = None) -> GenerationResult:
+        return self._run(self._async.generate(prompt, sampling, model=model, stream=stream,
+                                              request_id=request_id, timeout_s=timeout_s))
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        try:
+            self._run(self._async.close())
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+            self._loop.close()
