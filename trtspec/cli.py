@@ -324,5 +324,69 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
               + f"; break-even acceptance at that k: {res.break_even_acceptance:.2f}")
 
 
+# --------------------------------------------------------------------------------------------
+# build (TensorRT-LLM engines / LLM-API configs)
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output folder (default: build/<recipe name>).")
+@click.option("--dry-run", is_flag=True, help="Print the complete plan (every command, every file); run nothing.")
+@click.option("--examples-dir", type=click.Path(file_okay=False), default=None,
+              help="TensorRT-LLM's examples/ folder (overrides runtime.trtllm.examples_dir).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan (or the build result) as JSON.")
+@handle_errors
+def build(config: str, out_dir: str | None, dry_run: bool, examples_dir: str | None, as_json: bool) -> None:
+    """Build a TRT-LLM recipe: quantize → convert → trtllm-build (runtime trtllm-engine, TRT-LLM ≤ 1.2.x),
+    or quantize → LLM-API YAML (runtime trtllm-pytorch).
+
+    Stages are cached by content hash (re-running an unchanged recipe does nothing) and written into
+    temporary folders renamed on success. The last file written is OUT/trtspec.json, the hand-off
+    that `trtspec package` reads. --dry-run needs no TensorRT-LLM.
+    """
+    from trtspec.config import load_recipe
+    from trtspec.trtllm.build import build as run_build
+    from trtspec.trtllm.build import plan_build, with_examples_dir
+    from trtspec.trtllm.plan import describe
+
+    recipe = load_recipe(config)
+    if examples_dir:
+        recipe = with_examples_dir(recipe, os.path.abspath(examples_dir))
+    out_dir = out_dir or os.path.join("build", recipe.name)
+    if dry_run:
+        plan = plan_build(recipe, out_dir)
+        if as_json:
+            click.echo(json.dumps(plan.to_dict(), indent=2))
+        else:
+            out.print(describe(plan), markup=False, highlight=False, end="")
+        return
+
+    def show(event) -> None:
+        if as_json:
+            return
+        if event.kind == "cached":
+            out.print(f"[dim]cached   {event.stage.id}: {event.stage.title}[/]")
+        elif event.kind == "stage":
+            out.print(f"[bold]building {event.stage.id}[/]: {event.stage.title}")
+        elif event.kind == "command":
+            import shlex
+
+            out.print(f"  $ {shlex.join(event.argv)}", markup=False, highlight=False)
+        elif event.kind == "done":
+            out.print(f"[green]done[/]     {event.stage.output}")
+
+    res = run_build(recipe, out_dir, on_event=show)
+    if as_json:
+        click.echo(json.dumps({"manifest": res.manifest, "ran": res.ran, "cached": res.cached,
+                               "files_written": res.files_written, "handoff": res.handoff.to_dict()}, indent=2))
+        return
+    for f in res.files_written:
+        out.print(f"wrote    {f}")
+    if not res.ran and not res.files_written and not res.manifest_written:
+        out.print("[green]up to date[/]: nothing to do")
+    out.print(f"hand-off: {res.manifest}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -41,3 +41,22 @@ def installed_trtllm_version() -> str | None:
         except metadata.PackageNotFoundError:
             continue
     return None
+
+
+PYTORCH_FLOW_MIN = (1, 0)  # PyTorch became TRT-LLM's default backend, with the LLM-API YAML flow, in 1.0
+
+
+def release_line(version: str) -> tuple[int, int]:
+    """(major, minor) of a version string; ValueError if it is not one."""
+    major, minor, _, _ = parse_version(version)
+    return major, minor
+
+
+def pytorch_flow_supported(version: str) -> tuple[bool, str]:
+    try:
+        line = release_line(version)
+    except ValueError:
+        return False, f"TensorRT-LLM version {version!r} is not a version number"
+    if line >= PYTORCH_FLOW_MIN:
+        return True, f"TensorRT-LLM {version}: the PyTorch LLM-API flow (speculative_config YAML) is available"
+    return False, f"TensorRT-LLM {version} predates the PyTorch LLM-API flow (1.0)"

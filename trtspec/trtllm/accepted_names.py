@@ -1,0 +1,402 @@
+"""Names TensorRT-LLM 1.2.x accepts: command-line flags, their allowed values, LLM-API keys.
+
+Data, not logic. Every plan trtspec generates is checked against it (``check_argv``,
+``check_llm_api``), in the golden tests and again before a real build runs. Each entry names
+the upstream file it was read from (NVIDIA/TensorRT-LLM unless said otherwise) and the commit of
+the copy that was read. The 1.2.1 tag itself was not in the source index; these are 1.x copies
+of the same files (the engine-flow scripts did not change their flags within 1.x, and every name
+used here also appears in the 1.2-era docs and NVIDIA's 1.2 playbooks).
+
+Flag spec: ``FLAG`` → ``None`` for a store-true switch (takes no value), ``VALUE`` for any single
+value, or a tuple of the allowed values (argparse ``choices``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Union
+
+TRTLLM_RELEASE = "1.2.1"
+
+VALUE = "<value>"
+FlagSpec = Union[None, str, tuple]
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One command-line entry point and the flags it accepts."""
+
+    name: str
+    source: str  # upstream path (and commit) the flags were read from
+    flags: Mapping[str, FlagSpec]
+
+
+_DTYPE_AUTO = ("auto", "float16", "bfloat16", "float32")
+_DTYPE = ("float32", "bfloat16", "float16")
+
+# tensorrt_llm/commands/build.py parse_arguments() + tensorrt_llm/plugin/plugin.py add_plugin_argument()
+TRTLLM_BUILD = Tool(
+    name="trtllm-build",
+    source="tensorrt_llm/commands/build.py @65f1d1536e18 + tensorrt_llm/plugin/plugin.py @c20322ffd3dc (cli_plugin_args)",
+    flags={
+        "--checkpoint_dir": VALUE,
+        "--model_config": VALUE,
+        "--build_config": VALUE,
+        "--output_dir": VALUE,
+        "--max_batch_size": VALUE,
+        "--max_input_len": VALUE,
+        "--max_seq_len": VALUE,
+        "--max_beam_width": VALUE,
+        "--max_num_tokens": VALUE,
+        "--opt_num_tokens": VALUE,
+        "--kv_cache_type": ("continuous", "paged", "disabled"),  # KVCacheType.from_string
+        "--workers": VALUE,
+        "--log_level": VALUE,
+        "--strip_plan": None,
+        "--weight_streaming": None,
+        "--fast_build": None,
+        "--monitor_memory": None,
+        "--logits_dtype": ("float16", "float32"),
+        "--gather_context_logits": None,
+        "--gather_generation_logits": None,
+        "--gather_all_token_logits": None,
+        # "Speculative decoding arguments" group
+        "--speculative_decoding_mode": (
+            "draft_tokens_external", "lookahead_decoding", "medusa", "explicit_draft_tokens", "eagle",
+        ),
+        "--max_draft_len": VALUE,
+        # plugin.py: Optional[Literal[...]] plugins, "disable" for None
+        "--gemm_plugin": ("auto", "float16", "float32", "bfloat16", "int32", "fp8", "nvfp4", "disable"),
+        "--gpt_attention_plugin": ("auto", "float16", "float32", "bfloat16", "int32", "disable"),
+        "--nccl_plugin": ("auto", "float16", "float32", "bfloat16", "int32", "disable"),
+        # plugin.py: bool features take enable/disable
+        "--context_fmha": ("enable", "disable"),
+        "--remove_input_padding": ("enable", "disable"),
+        "--use_paged_context_fmha": ("enable", "disable"),
+        "--use_fp8_context_fmha": ("enable", "disable"),
+        "--multiple_profiles": ("enable", "disable"),
+        "--use_fused_mlp": ("enable", "disable"),
+        "--tokens_per_block": VALUE,
+    },
+)
+
+# examples/models/core/llama/convert_checkpoint.py (also Mistral, Mixtral)
+CONVERT_LLAMA = Tool(
+    name="examples/models/core/llama/convert_checkpoint.py",
+    source="examples/models/core/llama/convert_checkpoint.py @fd96a08bdc48",
+    flags={
+        "--model_dir": VALUE,
+        "--meta_ckpt_dir": VALUE,
+        "--output_dir": VALUE,
+        "--dtype": _DTYPE_AUTO,
+        "--tp_size": VALUE,
+        "--pp_size": VALUE,
+        "--cp_size": VALUE,
+        "--moe_tp_size": VALUE,
+        "--moe_ep_size": VALUE,
+        "--workers": VALUE,
+        "--use_weight_only": None,
+        "--weight_only_precision": ("int8", "int4", "int8_gptq", "int4_gptq", "int4_awq"),
+        "--int8_kv_cache": None,
+        "--fp8_kv_cache": None,
+        "--use_fp8": None,
+        "--load_by_shard": None,
+        "--load_model_on_cpu": None,
+        "--use_parallel_embedding": None,
+        "--log_level": VALUE,
+    },
+)
+
+# examples/models/core/qwen/convert_checkpoint.py (Qwen, Qwen2, Qwen2.5)
+CONVERT_QWEN = Tool(
+    name="examples/models/core/qwen/convert_checkpoint.py",
+    source="examples/models/core/qwen/convert_checkpoint.py @65b31db1b401",
+    flags={
+        "--model_dir": VALUE,
+        "--output_dir": VALUE,
+        "--dtype": _DTYPE_AUTO,
+        "--tp_size": VALUE,
+        "--pp_size": VALUE,
+        "--cp_size": VALUE,
+        "--moe_tp_size": VALUE,
+        "--moe_ep_size": VALUE,
+        "--workers": VALUE,
+        "--use_weight_only": None,
+        "--weight_only_precision": ("int8", "int4", "int4_gptq"),
+        "--int8_kv_cache": None,
+        "--load_model_on_cpu": None,
+        "--use_parallel_embedding": None,
+    },
+)
+
+# examples/eagle/convert_checkpoint.py: two checkpoints (--eagle_model_dir) or, without it, the
+# "Single checkpoint for ModelOpt" path that reads <model_dir>/hf_quant_config.json
+CONVERT_EAGLE = Tool(
+    name="examples/eagle/convert_checkpoint.py",
+    source="examples/eagle/convert_checkpoint.py @65b31db1b401",
+    flags={
+        "--model_dir": VALUE,
+        "--eagle_model_dir": VALUE,
+        "--output_dir": VALUE,
+        "--dtype": _DTYPE_AUTO,
+        "--tp_size": VALUE,
+        "--pp_size": VALUE,  # asserted == 1
+        "--workers": VALUE,
+        "--max_draft_len": VALUE,  # asserted <= 256
+        "--num_eagle_layers": VALUE,
+        "--max_non_leaves_per_layer": VALUE,
+        "--use_weight_only": None,
+        "--weight_only_precision": ("int8", "int4", "int4_gptq"),
+        "--int8_kv_cache": None,
+        "--load_by_shard": None,
+    },
+)
+
+# examples/medusa/convert_checkpoint.py (no "auto" dtype; --max_medusa_token_len, not --max_draft_len)
+CONVERT_MEDUSA = Tool(
+    name="examples/medusa/convert_checkpoint.py",
+    source="examples/medusa/convert_checkpoint.py @b93e14ca093e",
+    flags={
+        "--model_dir": VALUE,
+        "--medusa_model_dir": VALUE,
+        "--output_dir": VALUE,
+        "--dtype": _DTYPE,
+        "--tp_size": VALUE,
+        "--pp_size": VALUE,
+        "--workers": VALUE,
+        "--num_medusa_heads": VALUE,
+        "--num_medusa_layers": VALUE,
+        "--max_medusa_token_len": VALUE,
+        "--medusa_hidden_act": VALUE,
+        "--model_type": ("llama", "mixtral", "qwen2"),
+    },
+)
+
+# examples/quantization/quantize.py: ModelOpt PTQ → TRT-LLM checkpoint (the engine flow's route,
+# used by NVIDIA's draft-target blog recipe); also FP8 base + FP16 Medusa heads
+QUANTIZE = Tool(
+    name="examples/quantization/quantize.py",
+    source="examples/quantization/quantize.py @c8c6df08bd0e",
+    flags={
+        "--model_dir": VALUE,
+        "--output_dir": VALUE,
+        "--dtype": _DTYPE_AUTO,
+        "--qformat": ("nvfp4", "fp8", "fp8_pc_pt", "int8_sq", "int4_awq", "w4a8_awq", "int8_wo", "int4_wo", "full_prec"),
+        "--kv_cache_dtype": ("int8", "fp8"),
+        "--calib_dataset": VALUE,
+        "--calib_size": VALUE,
+        "--calib_max_seq_length": VALUE,
+        "--batch_size": VALUE,
+        "--tp_size": VALUE,
+        "--pp_size": VALUE,
+        "--cp_size": VALUE,
+        "--awq_block_size": VALUE,
+        "--seed": VALUE,
+        "--device": ("cuda", "cpu"),
+        "--device_map": ("auto", "sequential", "cpu", "gpu"),
+        "--tokenizer_max_seq_length": VALUE,
+        "--quantize_lm_head": None,
+        "--num_medusa_heads": VALUE,
+        "--num_medusa_layers": VALUE,
+        "--max_draft_len": VALUE,
+        "--medusa_hidden_act": VALUE,
+        "--medusa_model_dir": VALUE,
+        "--quant_medusa_head": None,
+        "--autoq_format": VALUE,
+        "--auto_quantize_bits": VALUE,
+    },
+)
+
+# examples/eagle/quantize.py: ModelOpt FP8 of base + EAGLE head → one unified HF checkpoint
+QUANTIZE_EAGLE = Tool(
+    name="examples/eagle/quantize.py",
+    source="examples/eagle/quantize.py @3867163ae2d4",
+    flags={
+        "--model_dir": VALUE,
+        "--eagle_model_dir": VALUE,
+        "--eagle_num_layers": VALUE,  # decoder layers inside the EAGLE head (default 1)
+        "--output_dir": VALUE,
+        "--qformat": ("fp8",),
+        "--kv_cache_dtype": ("int8", "fp8"),
+        "--calib_dataset": VALUE,
+        "--calib_size": VALUE,
+        "--calib_max_seq_length": VALUE,
+        "--batch_size": VALUE,
+        "--seed": VALUE,
+        "--device": ("cuda", "cpu"),
+        "--device_map": ("auto", "sequential", "cpu", "gpu"),
+        "--tokenizer_max_seq_length": VALUE,
+    },
+)
+
+# tensorrt_llm/commands/serve.py (click options of `trtllm-serve MODEL`)
+TRTLLM_SERVE = Tool(
+    name="trtllm-serve",
+    source="tensorrt_llm/commands/serve.py @00209af149e7",
+    flags={
+        "--tokenizer": VALUE,
+        "--host": VALUE,
+        "--port": VALUE,
+        "--backend": ("pytorch", "tensorrt", "trt", "_autodeploy"),
+        "--max_batch_size": VALUE,
+        "--max_num_tokens": VALUE,
+        "--max_seq_len": VALUE,
+        "--tp_size": VALUE,
+        "--pp_size": VALUE,
+        "--kv_cache_free_gpu_memory_fraction": VALUE,
+        "--trust_remote_code": None,
+        "--extra_llm_api_options": VALUE,
+    },
+)
+
+TOOLS: dict[str, Tool] = {t.name: t for t in (
+    TRTLLM_BUILD, CONVERT_LLAMA, CONVERT_QWEN, CONVERT_EAGLE, CONVERT_MEDUSA, QUANTIZE, QUANTIZE_EAGLE, TRTLLM_SERVE,
+)}
+
+
+# --------------------------------------------------------------------------------------------
+# LLM-API keys: tensorrt_llm/llmapi/llm_args.py (1.2-era copy: Eagle3DecodingConfig, PARD and AUTO
+# present, DFlash/SA not yet), TorchLlmArgs/BaseLlmArgs are pydantic models with extra="forbid",
+# so an unknown key is an error at load time.
+
+LLM_ARGS_SOURCE = "tensorrt_llm/llmapi/llm_args.py (BaseLlmArgs, TorchLlmArgs, KvCacheConfig, *DecodingConfig)"
+
+LLM_ARGS_KEYS = frozenset({
+    "model", "tokenizer", "backend", "trust_remote_code", "dtype",
+    "tensor_parallel_size", "pipeline_parallel_size",
+    "max_batch_size", "max_input_len", "max_seq_len", "max_num_tokens", "max_beam_width",
+    "kv_cache_config", "speculative_config", "enable_chunked_prefill",
+    "disable_overlap_scheduler",  # TorchLlmArgs
+})
+
+KV_CACHE_CONFIG_KEYS = frozenset({
+    "enable_block_reuse", "max_tokens", "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks",
+    "enable_partial_reuse", "copy_on_partial_reuse", "dtype", "tokens_per_block", "max_attention_window",
+})
+
+# DecodingBaseConfig fields (speculative_model also read as speculative_model_dir)
+_DECODING_BASE = frozenset({
+    "decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency",
+    "draft_len_schedule", "load_format", "acceptance_window", "acceptance_length_threshold",
+})
+_EAGLE = _DECODING_BASE | {
+    "eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
+    "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture",
+    "eagle3_model_arch",
+}
+
+# decoding_type → keys of its config class. "DraftTarget" is the spelling the docs and NVIDIA's
+# 1.2.0rc6/1.3 playbooks use in YAML (llm_args.py's literal is "Draft_Target").
+SPECULATIVE_CONFIG_KEYS: dict[str, frozenset] = {
+    "Eagle3": frozenset(_EAGLE),
+    "Eagle": frozenset(_EAGLE),
+    "DraftTarget": _DECODING_BASE,
+    "NGram": _DECODING_BASE | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
+    "MTP": _DECODING_BASE | {
+        "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta",
+        "use_mtp_vanilla", "mtp_eagle_one_model",
+    },
+    "Medusa": _DECODING_BASE | {"medusa_choices", "num_medusa_heads"},
+    "Lookahead": _DECODING_BASE | {"max_window_size", "max_ngram_size", "max_verification_set_size"},
+}
+
+# Which decoding types the PyTorch backend runs (``supports_backend``): Medusa and Lookahead do not.
+PYTORCH_DECODING_TYPES = frozenset({"Eagle3", "Eagle", "DraftTarget", "NGram", "MTP"})
+
+# Triton's llmapi model (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml @0ebb1536ac12):
+# LLM() kwargs plus a triton_config block.
+TRITON_LLMAPI_EXTRA_KEYS = frozenset({"triton_config"})
+TRITON_CONFIG_KEYS = frozenset({"max_batch_size", "decoupled"})
+
+
+# --------------------------------------------------------------------------------------------
+# checks
+
+
+def tool_for(argv: list[str] | tuple[str, ...]) -> Tool | None:
+    """The TRT-LLM tool an argv runs: ``trtllm-build ...`` / ``trtllm-serve ...`` or
+    ``python3 <examples_dir>/<path>.py ...`` (matched on the path's tail)."""
+    if not argv:
+        return None
+    if argv[0] in TOOLS:
+        return TOOLS[argv[0]]
+    if len(argv) > 1 and argv[1].endswith(".py"):
+        script = argv[1].replace("\\", "/")
+        for name, tool in TOOLS.items():
+            if name.endswith(".py") and (script == name or script.endswith("/" + name)):
+                return tool
+    return None
+
+
+def check_argv(argv: list[str] | tuple[str, ...], tool: Tool | None = None) -> list[str]:
+    """Problems with ``argv`` for ``tool`` (found from argv if not given): unknown flags, a value
+    missing or not among the allowed choices, a value given to a switch. Empty list = accepted."""
+    tool = tool or tool_for(argv)
+    if tool is None:
+        return [f"not a known TRT-LLM tool: {' '.join(argv[:2])}"]
+    start = 1 if argv[0] == tool.name else 2
+    if tool.name == "trtllm-serve":
+        start += 1  # the positional MODEL
+    problems: list[str] = []
+    i = start
+    while i < len(argv):
+        flag = argv[i]
+        if not flag.startswith("--"):
+            problems.append(f"{tool.name}: unexpected positional argument {flag!r}")
+            i += 1
+            continue
+        if flag not in tool.flags:
+            problems.append(f"{tool.name}: unknown flag {flag} (upstream: {tool.source})")
+            i += 1
+            continue
+        spec = tool.flags[flag]
+        if spec is None:  # a switch
+            i += 1
+            continue
+        if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
+            problems.append(f"{tool.name}: {flag} needs a value")
+            i += 1
+            continue
+        value = argv[i + 1]
+        if isinstance(spec, tuple) and value not in spec:
+            problems.append(f"{tool.name}: {flag} {value!r} is not one of {', '.join(spec)}")
+        i += 2
+    return problems
+
+
+def check_llm_api(options: Mapping, *, triton_model_yaml: bool = False) -> list[str]:
+    """Problems with an LLM-API options dict (``--extra_llm_api_options`` YAML or Triton's
+    llmapi ``model.yaml`` when ``triton_model_yaml``): unknown keys at any level, an unknown
+    ``decoding_type`` or one the PyTorch backend does not run."""
+    problems: list[str] = []
+    allowed = LLM_ARGS_KEYS | (TRITON_LLMAPI_EXTRA_KEYS if triton_model_yaml else frozenset())
+    for key in options:
+        if key not in allowed:
+            problems.append(f"LLM-API: unknown key {key!r} ({LLM_ARGS_SOURCE})")
+    for key in options.get("kv_cache_config") or {}:
+        if key not in KV_CACHE_CONFIG_KEYS:
+            problems.append(f"LLM-API: unknown key kv_cache_config.{key}")
+    spec = options.get("speculative_config")
+    if spec is not None:
+        dtype = spec.get("decoding_type")
+        keys = SPECULATIVE_CONFIG_KEYS.get(dtype)
+        if keys is None:
+            problems.append(f"LLM-API: unknown speculative_config.decoding_type {dtype!r}")
+        else:
+            if options.get("backend", "pytorch") == "pytorch" and dtype not in PYTORCH_DECODING_TYPES:
+                problems.append(f"LLM-API: decoding_type {dtype!r} does not run on the PyTorch backend")
+            for key in spec:
+                if key not in keys:
+                    problems.append(f"LLM-API: unknown key speculative_config.{key} for decoding_type {dtype}")
+    if triton_model_yaml:
+        for key in options.get("triton_config") or {}:
+            if key not in TRITON_CONFIG_KEYS:
+                problems.append(f"Triton llmapi model.yaml: unknown key triton_config.{key}")
+    return problems
+
+
+# This project's own `trtspec quantize` (issue 6's CLI shape) which the PyTorch flow's quantize
+# stage runs; the tests hold it against trtspec.cli once that command exists.
+TRTSPEC_QUANTIZE_FLAGS = frozenset({
+    "--model", "--format", "--kv-cache", "--calib", "--calib-size", "--calib-seq-len", "--export", "-o",
+})
