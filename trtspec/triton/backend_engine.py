@@ -1,0 +1,182 @@
+"""The ``tensorrt_llm`` python model of the torch runtime: our engine behind the tensorrtllm
+backend's tensors.
+
+``initialize`` builds the engine from the RuntimeSpec JSON beside the model and starts a
+:class:`BackgroundEngine` (continuous batching in one thread). ``execute`` only parses and
+submits; responses are sent from the engine thread, one per engine step when streaming, else one
+with every token. Every response carries the cumulative acceptance counters; the final one also
+``perf_json`` (RequestStats.to_dict()). A client that went away cancels its request at the next
+step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import pathlib
+import time
+
+import numpy as np
+
+from trtspec.errors import TrtspecError
+from trtspec.triton.backend_common import (
+    Metrics,
+    input_array,
+    model_parameters,
+    resident_bytes,
+    scalar,
+    send_error,
+)
+from trtspec.triton.requests import GenerationRequest, RequestInputError, parse_generation
+
+SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
+TOKENS_PER_S_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
+
+
+def engine_metric_specs(max_draft_len: int) -> list[tuple]:
+    """(name, description, kind, buckets, extra labels) of the engine model's metrics."""
+    al_buckets = tuple(float(x) for x in range(1, max(max_draft_len, 1) + 2))
+    return [
+        ("trtspec_draft_tokens_total", "Draft tokens proposed (drafted)", "COUNTER", None, {}),
+        ("trtspec_accepted_tokens_total", "Draft tokens the target accepted", "COUNTER", None, {}),
+        ("trtspec_generated_tokens_total", "Tokens generated", "COUNTER", None, {}),
+        ("trtspec_requests_finished_total", "Requests finished", "COUNTER", None, {}),
+        ("trtspec_acceptance_length", "Tokens per target pass, per request (acceptance length)",
+         "HISTOGRAM", al_buckets, {}),
+        ("trtspec_draft_seconds", "Time spent drafting, per request", "HISTOGRAM", SECONDS_BUCKETS, {}),
+        ("trtspec_verify_seconds", "Time spent in target verification passes, per request",
+         "HISTOGRAM", SECONDS_BUCKETS, {}),
+        ("trtspec_queue_seconds", "Delay from submission to the request's prefill", "HISTOGRAM", SECONDS_BUCKETS, {}),
+        ("trtspec_tokens_per_second", "Decode speed per request (generated / decode time)",
+         "HISTOGRAM", TOKENS_PER_S_BUCKETS, {}),
+        ("trtspec_resident_memory_bytes", "Resident memory of the model's process", "GAUGE", None, {}),
+        ("trtspec_inflight_requests", "Requests queued or generating", "GAUGE", None, {}),
+    ]
+
+
+def finished_metric_ops(stats) -> list[tuple]:
+    ops = [
+        ("increment", "trtspec_draft_tokens_total", stats.drafted, {}),
+        ("increment", "trtspec_accepted_tokens_total", stats.accepted, {}),
+        ("increment", "trtspec_generated_tokens_total", stats.generated, {}),
+        ("increment", "trtspec_requests_finished_total", 1, {}),
+        ("observe", "trtspec_draft_seconds", stats.draft_s, {}),
+        ("observe", "trtspec_verify_seconds", stats.verify_s, {}),
+        ("observe", "trtspec_queue_seconds", stats.queue_s, {}),
+        ("set", "trtspec_resident_memory_bytes", resident_bytes(), {}),
+        ("increment", "trtspec_inflight_requests", -1, {}),
+    ]
+    if stats.steps:
+        ops.append(("observe", "trtspec_acceptance_length", stats.acceptance_length, {}))
+    if stats.generated:
+        ops.append(("observe", "trtspec_tokens_per_second", stats.tokens_per_s, {}))
+    return ops
+
+
+def response_tensors(pb, tokens: list[int], stats, served_by: str, perf_json: str) -> list:
+    """The tensorrtllm backend's outputs for one response (batch 1, beam 1) plus trtspec's extras."""
+    return [
+        pb.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, -1)),
+        pb.Tensor("sequence_length", scalar(len(tokens), np.int32)),
+        pb.Tensor("acceptance_rate", scalar(stats.acceptance_rate, np.float32)),
+        pb.Tensor("total_accepted_draft_tokens", scalar(stats.accepted, np.int32)),
+        pb.Tensor("total_draft_tokens", scalar(stats.drafted, np.int32)),
+        pb.Tensor("served_by", scalar(served_by, object)),
+        pb.Tensor("perf_json", scalar(perf_json, object)),
+    ]
+
+
+class _Stream:
+    """One request's responses, sent from the engine thread."""
+
+    def __init__(self, model: "EngineModel", sender, req: GenerationRequest):
+        self.model, self.sender, self.req = model, sender, req
+        self.tokens: list[int] = []  # non-streaming: everything so far
+        self.cancel_checked = 0.0
+
+    def on_event(self, ev) -> bool | None:
+        pb = self.model.pb
+        if ev.finish_reason and ev.finish_reason.startswith("error"):
+            send_error(pb, self.sender, f"generation failed: {ev.finish_reason[len('error: '):]}",
+                       invalid_argument=False)
+            self.model.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
+            return None
+        perf = json.dumps(ev.stats.to_dict()) if ev.finished else ""
+        if self.req.streaming:
+            if ev.new_tokens or ev.finished:
+                tensors = response_tensors(pb, ev.new_tokens, ev.stats, self.model.served_by, perf)
+                flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ev.finished else 0
+                self.sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
+        else:
+            self.tokens.extend(ev.new_tokens)
+            if ev.finished:
+                tensors = response_tensors(pb, self.tokens, ev.stats, self.model.served_by, perf)
+                self.sender.send(pb.InferenceResponse(output_tensors=tensors),
+                                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if ev.finished:
+            self.model.metrics.apply(finished_metric_ops(ev.stats))
+            return None
+        # is_cancelled() is a round trip to the server: ask a few times a second, not every step
+        now = time.monotonic()
+        if now - self.cancel_checked > 0.2:
+            self.cancel_checked = now
+            if self.sender.is_cancelled():
+                return False
+        return None
+
+
+class EngineModel:
+    """Base of ``TritonPythonModel`` for the torch runtime's generation models."""
+
+    pb = None  # triton_python_backend_utils, set by model.py
+
+    def initialize(self, args: dict) -> None:
+        from trtspec.speculative.engine import BackgroundEngine
+        from trtspec.speculative.runtime import RuntimeSpec, build_engine
+
+        p = model_parameters(args)
+        self.name = args["model_name"]
+        self.served_by = p.get("served_by", "speculative")
+        spec_path = pathlib.Path(args["model_repository"]) / args["model_version"] / p["runtime_spec"]
+        spec = RuntimeSpec.from_json(spec_path.read_text())
+        self.engine = build_engine(spec)
+        self.background = BackgroundEngine(self.engine, max_queue=int(p.get("max_queue_size") or 0) or 1024)
+        # the lead adds external drafts to submit(); until then draft_input_ids is refused clearly
+        self.external_drafts = "draft_tokens" in inspect.signature(self.background.submit).parameters
+        self.metrics = Metrics(self.pb, self.name, args["model_version"])
+        self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
+        self.pb.Logger.log_info(
+            f"{self.name}: torch runtime ready (method {spec.method}, target {spec.target}, "
+            f"max_batch_size {spec.max_batch_size}, device {self.engine.device})")
+
+    def execute(self, requests):
+        for request in requests:
+            self._submit(request)
+        return None
+
+    def _submit(self, request) -> None:
+        sender = request.get_response_sender()
+        try:
+            req = parse_generation(lambda name: input_array(self.pb, request, name))
+            kwargs = {}
+            if req.draft_input_ids:
+                if not self.external_drafts:
+                    raise RequestInputError("draft_input_ids: this engine cannot verify external drafts",
+                                            fix="omit draft_input_ids")
+                kwargs["draft_tokens"] = req.draft_input_ids
+            stream = _Stream(self, sender, req)
+            self.metrics.apply([("increment", "trtspec_inflight_requests", 1, {})])
+            try:
+                self.background.submit(req.input_ids, req.sampling_params(), stream.on_event, **kwargs)
+            except BaseException:
+                self.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
+                raise
+        except TrtspecError as e:
+            send_error(self.pb, sender, f"{self.name}: {e}")
+        except Exception as e:  # noqa: BLE001 - one bad request must not take the model down
+            send_error(self.pb, sender, f"{self.name}: internal error: {type(e).__name__}: {e}",
+                       invalid_argument=False)
+
+    def finalize(self) -> None:
+        # cancels what is still running; each request gets its final response
+        self.background.shutdown()

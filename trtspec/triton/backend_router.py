@@ -1,0 +1,221 @@
+"""The ``router`` python model (decoupled BLS): speculative or baseline, per request.
+
+``execute`` validates the request, asks :class:`RoutingPolicy` for a path and hands the request to
+a thread that calls the chosen generation model with ``exec(decoupled=True)`` and re-streams its
+responses, adding ``served_by``, the flattened ``output_ids`` and the detokenizer window
+(see ``detok``). When the request finishes, its acceptance totals and timings go back to the
+policy (rolling acceptance, measured costs).
+
+The generation models of trtspec (torch engine, LLM API, draft-target BLS) mark their final
+response with a non-empty ``perf_json``. NVIDIA's tensorrtllm C++ backend has no such output, so
+for it the router holds each response until the next arrives and marks the last one final.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+
+from trtspec.errors import TrtspecError
+from trtspec.triton.backend_common import Metrics, input_array, model_parameters, output_array, scalar, send_error
+from trtspec.triton.detok import DetokWindow
+from trtspec.triton.requests import (
+    ENGINE_OUTPUTS,
+    TENSORRTLLM_OUTPUTS,
+    GenerationRequest,
+    engine_inputs,
+    parse_generation,
+)
+from trtspec.triton.routing import RoutingPolicy
+
+PATHS = ("speculative", "baseline")
+
+
+class _Item:
+    """One response of the generation model, read out of its tensors."""
+
+    __slots__ = ("ids", "acceptance_rate", "accepted", "drafted", "served_by", "perf_json")
+
+    def __init__(self, pb, resp, default_served_by: str):
+        ids = output_array(pb, resp, "output_ids")
+        self.ids = [] if ids is None else [int(x) for x in ids.reshape(-1)]
+        ar = output_array(pb, resp, "acceptance_rate")
+        acc = output_array(pb, resp, "total_accepted_draft_tokens")
+        dr = output_array(pb, resp, "total_draft_tokens")
+        sb = output_array(pb, resp, "served_by")
+        pj = output_array(pb, resp, "perf_json")
+        self.accepted = int(acc.reshape(-1)[0]) if acc is not None else 0
+        self.drafted = int(dr.reshape(-1)[0]) if dr is not None else 0
+        self.acceptance_rate = float(ar.reshape(-1)[0]) if ar is not None else (
+            self.accepted / self.drafted if self.drafted else 0.0)
+        self.served_by = sb.reshape(-1)[0].decode() if sb is not None else default_served_by
+        self.perf_json = None if pj is None else pj.reshape(-1)[0].decode()
+
+
+class Router:
+    pb = None  # triton_python_backend_utils, set by model.py
+
+    def initialize(self, args: dict) -> None:
+        p = model_parameters(args)
+        self.name = args["model_name"]
+        self.models = {"speculative": p.get("speculative_model") or None, "baseline": p["baseline_model"]}
+        # which output set each model has: trtspec's (with perf_json) or the tensorrtllm C++ backend's
+        self.kinds = {"speculative": p.get("speculative_model_kind", "trtspec"),
+                      "baseline": p.get("baseline_model_kind", "trtspec")}
+        rate = p.get("min_acceptance_rate", "auto")
+        self.policy = RoutingPolicy(
+            float(p.get("speculative_fraction", "1.0")),
+            min_acceptance_rate=None if rate in ("", "auto") else float(rate),
+            window=int(p.get("acceptance_window", "64")),
+            probe_every=int(p.get("probe_every", "8")),
+            max_draft_len=int(p.get("max_draft_len", "4")),
+            has_speculative=self.models["speculative"] is not None,
+        )
+        if self.models["speculative"] and self.policy.min_rate is None:
+            # break-even from measured costs needs trtspec.speculative.stats (imports torch):
+            # pay that at load time, not in the middle of serving
+            import trtspec.speculative.stats  # noqa: F401
+        self.threads: set[threading.Thread] = set()
+        self.threads_lock = threading.Lock()
+        self.metrics = Metrics(self.pb, self.name, args["model_version"])
+        routes = ((("speculative", "speculative"), ("speculative", "probe"), ("baseline", "fraction"),
+                   ("baseline", "fallback")) if self.policy.has_speculative
+                  else (("baseline", "no-speculative-model"),))
+        specs = [("trtspec_router_requests_total", "Requests routed, by path and reason", "COUNTER", None,
+                  {"path": path, "reason": reason}) for path, reason in routes]
+        if self.policy.has_speculative:
+            specs += [
+                ("trtspec_router_fallback_active", "1 while the router falls back to the baseline", "GAUGE", None, {}),
+                ("trtspec_router_rolling_acceptance_rate", "Acceptance rate over the router's window", "GAUGE",
+                 None, {}),
+                ("trtspec_router_break_even_acceptance_rate", "Acceptance rate below which speculation loses",
+                 "GAUGE", None, {}),
+            ]
+        self.metrics.declare(specs)
+
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                req = parse_generation(lambda name: input_array(self.pb, request, name), check_sampling=False)
+            except TrtspecError as e:
+                send_error(self.pb, sender, f"{self.name}: {e}")
+                continue
+            decision = self.policy.route()
+            path = "speculative" if decision.speculative else "baseline"
+            self.metrics.apply([("increment", "trtspec_router_requests_total", 1,
+                                 {"path": path, "reason": decision.reason})])
+            t = threading.Thread(target=self._serve, args=(sender, req, path), daemon=True,
+                                 name=f"{self.name}-request")
+            with self.threads_lock:
+                self.threads.add(t)
+            t.start()
+        return None
+
+    # ------------------------------------------------------------------ one request
+
+    def _serve(self, sender, req: GenerationRequest, path: str) -> None:
+        try:
+            self._relay(sender, req, path)
+        except Exception as e:  # noqa: BLE001 - answer this request, keep serving
+            try:
+                send_error(self.pb, sender, f"{self.name}: {type(e).__name__}: {e}", invalid_argument=False)
+            except Exception:  # noqa: BLE001 - the request may already be closed
+                pass
+        finally:
+            with self.threads_lock:
+                self.threads.discard(threading.current_thread())
+
+    def _relay(self, sender, req: GenerationRequest, path: str) -> None:
+        pb = self.pb
+        model, kind = self.models[path], self.kinds[path]
+        names = ENGINE_OUTPUTS if kind == "trtspec" else TENSORRTLLM_OUTPUTS
+        bls = pb.InferenceRequest(
+            model_name=model,
+            inputs=[pb.Tensor(k, v) for k, v in engine_inputs(req, with_drafts=False).items()],
+            requested_output_names=list(names),
+        )
+        window = DetokWindow(() if req.exclude_input_in_output else req.input_ids)
+        pending: _Item | None = None
+        last: _Item | None = None
+        for resp in bls.exec(decoupled=True):
+            if resp.has_error():
+                sender.send(pb.InferenceResponse(error=resp.error()), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                return
+            if pb.get_output_tensor_by_name(resp, "output_ids") is None:
+                continue  # an empty response carrying only the final flag
+            item = _Item(pb, resp, path)
+            if item.perf_json is not None:  # trtspec model: the final response says so
+                final = item.perf_json != ""
+                self._send(sender, item, window, final)
+                last = item
+                if final:
+                    self._finished(path, item)
+                    return
+            else:  # tensorrtllm backend: hold one back to know which is last
+                if pending is not None:
+                    self._send(sender, pending, window, False)
+                pending = item
+        if pending is not None:
+            self._send(sender, pending, window, True)
+            self._finished(path, pending)
+        elif last is not None:  # closed without a final-marked response: close the stream ourselves
+            self._send(sender, _empty_like(last), window, True)
+            self._finished(path, last)
+        else:
+            raise RuntimeError(f"{model} closed the request without a response")
+
+    def _send(self, sender, item: _Item, window: DetokWindow, final: bool) -> None:
+        pb = self.pb
+        ids, ctx = window.next(item.ids)
+        tensors = [
+            pb.Tensor("output_ids", np.array([item.ids], dtype=np.int32)),
+            pb.Tensor("acceptance_rate", scalar(item.acceptance_rate, np.float32)),
+            pb.Tensor("total_accepted_draft_tokens", scalar(item.accepted, np.int32)),
+            pb.Tensor("total_draft_tokens", scalar(item.drafted, np.int32)),
+            pb.Tensor("served_by", scalar(item.served_by, object)),
+            pb.Tensor("perf_json", scalar((item.perf_json or "") if final else "", object)),
+            pb.Tensor("detok_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
+            pb.Tensor("detok_length", scalar(len(ids), np.int32)),
+            pb.Tensor("detok_context_length", scalar(ctx, np.int32)),
+            pb.Tensor("is_final", scalar(final, bool)),
+        ]
+        sender.send(pb.InferenceResponse(output_tensors=tensors),
+                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def _finished(self, path: str, item: _Item) -> None:
+        perf = None
+        if item.perf_json:
+            try:
+                perf = json.loads(item.perf_json)
+            except json.JSONDecodeError:
+                perf = None
+        if not self.policy.has_speculative:
+            return
+        if path == "speculative":
+            self.policy.record_speculative(item.drafted, item.accepted, perf)
+        else:
+            self.policy.record_baseline(perf)
+        snap = self.policy.snapshot()
+        ops = [("set", "trtspec_router_fallback_active", float(snap["fallback_active"]), {})]
+        if snap["rolling_acceptance_rate"] is not None:
+            ops.append(("set", "trtspec_router_rolling_acceptance_rate", snap["rolling_acceptance_rate"], {}))
+        if snap["break_even_acceptance_rate"] is not None:
+            ops.append(("set", "trtspec_router_break_even_acceptance_rate", snap["break_even_acceptance_rate"], {}))
+        self.metrics.apply(ops)
+
+    def finalize(self) -> None:
+        with self.threads_lock:
+            threads = list(self.threads)
+        for t in threads:
+            t.join(timeout=10)
+
+
+def _empty_like(item: _Item) -> _Item:
+    """A response with no new tokens but the request's final counters (closes the stream)."""
+    e = object.__new__(_Item)
+    e.ids, e.acceptance_rate, e.accepted, e.drafted = [], item.acceptance_rate, item.accepted, item.drafted
+    e.served_by, e.perf_json = item.served_by, item.perf_json
+    return e

@@ -1,0 +1,361 @@
+"""Launch a real ``tritonserver`` on a model repository: :class:`TritonServer`.
+
+Which binary: ``tritonserver`` on PATH (NVIDIA's container, with its own backends), else the one
+bundled in ``nvidia-pytriton==0.7.0`` (Triton 2.51, CPU). For the bundled one the python backend
+needs a private ``backends/python`` folder of *symlinks* (a copied stub loses its RPATH), the
+project venv's ``bin`` first on PATH (the stub takes its Python from there: numpy<2 is required,
+numpy 2 silently zeroes tensors) and ``LD_LIBRARY_PATH`` = this interpreter's LIBDIR (so the
+stub's libpython matches the venv's stdlib). See reference/triton-cpu.md §1.
+
+Lifecycle: the server runs in its own process group; readiness is polled with a bounded timeout
+(a python stub that cannot start makes model loading hang forever); a model that fails to load
+is reported by name with the reason from the server log; :meth:`stop` sends SIGTERM (graceful:
+in-flight requests drain), then kills the whole group and removes the python backend's
+shared-memory files (``/dev/shm/<shm-region-prefix-name>*``).
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from trtspec.errors import ServerError
+from trtspec.triton_paths import pytriton_dist
+
+SHM_DIR = pathlib.Path("/dev/shm")
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    host: str
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+
+    @property
+    def grpc(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def to_dict(self) -> dict:
+        return {"grpc": self.grpc, "http": self.http, "metrics": self.metrics}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def find_tritonserver() -> tuple[pathlib.Path, bool]:
+    """(binary, bundled): tritonserver on PATH first, else nvidia-pytriton's."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return pathlib.Path(on_path), False
+    dist = pytriton_dist()
+    if dist is not None and (dist / "bin" / "tritonserver").is_file():
+        return dist / "bin" / "tritonserver", True
+    raise ServerError(
+        "no tritonserver found: not on PATH and nvidia-pytriton is not installed",
+        fix="pip install nvidia-pytriton==0.7.0 (CPU, bundled server), or run inside NVIDIA's Triton container",
+    )
+
+
+def prepare_backends(dst: pathlib.Path) -> pathlib.Path:
+    """``dst/backends/python`` = symlinks to the bundled python backend and this Python's stub."""
+    dist = pytriton_dist()
+    if dist is None:
+        raise ServerError("nvidia-pytriton is not installed", fix="pip install nvidia-pytriton==0.7.0")
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no python backend stub for Python {ver}",
+                          fix="use Python 3.8-3.13")
+    py = dst / "backends" / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for name, src in {
+        "libtriton_python.so": dist / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": dist / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": stub,
+    }.items():
+        link = py / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
+    return dst / "backends"
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """PATH with this venv's bin first; LD_LIBRARY_PATH with this interpreter's LIBDIR first."""
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir:
+        old = env.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + old if old else "")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    return env
+
+
+# ------------------------------------------------------------------------------------------
+# log parsing: which model failed, and why
+
+_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.*)")
+_LOADING = re.compile(r"loading: ([^:\s]+):\d+")
+_LOADED = re.compile(r"successfully loaded '([^']+)'")
+_TABLE_ROW = re.compile(r"^\|\s*(\S+)\s*\|\s*(\S+)\s*\|\s*(UNAVAILABLE: .*?)\s*\|?\s*$")
+
+
+def model_failures(log: str) -> dict[str, str]:
+    """{model: reason} for every model the server log says failed to load."""
+    out: dict[str, str] = {}
+    for line in log.splitlines():
+        m = _FAILED.search(line)
+        if m:
+            out.setdefault(m.group(1), m.group(2).strip())
+            continue
+        m = _TABLE_ROW.match(line.strip())
+        if m and m.group(1) != "Model":
+            out.setdefault(m.group(1), m.group(3)[len("UNAVAILABLE: "):].strip())
+    return out
+
+
+def models_still_loading(log: str) -> list[str]:
+    loading, done = [], set()
+    for line in log.splitlines():
+        if m := _LOADING.search(line):
+            loading.append(m.group(1))
+        elif m := _LOADED.search(line):
+            done.add(m.group(1))
+        elif m := _FAILED.search(line):
+            done.add(m.group(1))
+    return [m for m in dict.fromkeys(loading) if m not in done]
+
+
+def other_errors(log: str, limit: int = 8) -> list[str]:
+    """Server-level error lines (``E…`` glog lines and ``error:``), without the CPU-only noise."""
+    noise = ("CUDA", "NVML", "DCGM", "pinned", "CudaDriverHelper", "cuda")
+    lines = [ln.strip() for ln in log.splitlines()
+             if (ln.startswith("E") and re.match(r"E\d{4}", ln) or ln.startswith("error:"))
+             and not any(n in ln for n in noise)]
+    return lines[-limit:]
+
+
+# ------------------------------------------------------------------------------------------
+
+
+class TritonServer:
+    """A ``tritonserver`` process serving ``repository``; use as a context manager.
+
+    >>> with TritonServer("repo") as server:          # started and ready, or ServerError
+    ...     client = grpcclient.InferenceServerClient(server.endpoints.grpc)
+    """
+
+    def __init__(
+        self,
+        repository: str | os.PathLike,
+        *,
+        host: str = "127.0.0.1",
+        grpc_port: int = 0,
+        http_port: int = 0,
+        metrics_port: int = 0,
+        ready_timeout: float = 180.0,
+        exit_timeout: int = 10,
+        binary: str | os.PathLike | None = None,
+        workdir: str | os.PathLike | None = None,
+        log_verbose: int = 0,
+        extra_args: tuple[str, ...] = (),
+    ):
+        self.repository = pathlib.Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise ServerError(f"model repository {self.repository} does not exist",
+                              fix="render one with: trtspec package CONFIG -o REPO")
+        self.host = host
+        self.ports = (grpc_port, http_port, metrics_port)
+        self.ready_timeout = ready_timeout
+        self.exit_timeout = exit_timeout
+        self.binary = pathlib.Path(binary) if binary else None
+        self.workdir_arg = pathlib.Path(workdir) if workdir else None
+        self.log_verbose = log_verbose
+        self.extra_args = tuple(extra_args)
+        self.proc: subprocess.Popen | None = None
+        self.endpoints: Endpoints | None = None
+        self.shm_prefix = f"trtspec{os.getpid()}x{id(self) & 0xFFFFFF:x}_"
+        self.workdir: pathlib.Path | None = None
+        self.log_path: pathlib.Path | None = None
+        self._log = None
+        self._own_workdir = False
+        self.returncode: int | None = None
+
+    # ---------------------------------------------------------------- command
+
+    def command(self, backends: pathlib.Path | None) -> list[str]:
+        e = self.endpoints
+        cmd = [
+            str(self.binary),
+            f"--model-repository={self.repository}",
+            f"--http-address={e.host}", f"--http-port={e.http_port}",
+            f"--grpc-address={e.host}", f"--grpc-port={e.grpc_port}",
+            f"--metrics-address={e.host}", f"--metrics-port={e.metrics_port}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--exit-timeout-secs={self.exit_timeout}",
+            "--disable-auto-complete-config",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        if backends is not None:
+            cmd.append(f"--backend-directory={backends}")
+            dist = pytriton_dist()
+            if dist is not None and (dist / "caches").is_dir():
+                cmd.append(f"--cache-directory={dist / 'caches'}")
+        return cmd + list(self.extra_args)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> "TritonServer":
+        if self.proc is not None:
+            raise ServerError("this TritonServer was already started")
+        if self.binary is None:
+            self.binary, bundled = find_tritonserver()
+        else:
+            dist = pytriton_dist()
+            bundled = dist is not None and self.binary.resolve().is_relative_to(dist.resolve())
+        binary = self.binary
+        if self.workdir_arg is not None:
+            self.workdir = self.workdir_arg
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="trtspec-triton-"))
+            self._own_workdir = True
+        backends = prepare_backends(self.workdir) if bundled else None
+        g, h, m = self.ports
+        self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(self.host),
+                                   m or free_port(self.host))
+        self.log_path = self.workdir / "tritonserver.log"
+        self._log = open(self.log_path, "wb")
+        self.cmd = self.command(backends)
+        try:
+            # own session/process group: the python stubs are killed with the server
+            self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                         env=server_env(), start_new_session=True, cwd=self.workdir)
+        except OSError as e:
+            self._log.close()
+            raise ServerError(f"cannot start {binary}: {e}") from None
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_text(self) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoints.http}/v2/health/ready", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise self._failure(f"tritonserver exited (code {rc}) before it was ready")
+            if self._ready():
+                return
+            time.sleep(0.25)
+        raise self._failure(f"tritonserver was not ready within {self.ready_timeout:.0f} s", timeout=True)
+
+    def _failure(self, headline: str, *, timeout: bool = False) -> ServerError:
+        log = self.log_text()
+        failed = model_failures(log)
+        lines = [headline]
+        fix = f"read the full log: {self.log_path}"
+        if failed:
+            lines.append("models that failed to load:")
+            lines += [f"  {name}: {_shorten(reason)}" for name, reason in failed.items()]
+        elif timeout and (stuck := models_still_loading(log)):
+            lines.append(f"still loading: {', '.join(stuck)} (a python backend stub that cannot start "
+                         "hangs here; check the stub, PATH and LD_LIBRARY_PATH)")
+            fix = "raise serving.ready_timeout_s if loading is just slow; " + fix
+        else:
+            errs = other_errors(log)
+            if errs:
+                lines.append("server errors:")
+                lines += [f"  {_shorten(e)}" for e in errs]
+            else:
+                lines.append("log tail:\n    " + self.log_tail(15).replace("\n", "\n    "))
+        return ServerError("\n".join(lines), fix=fix)
+
+    def stop(self) -> int | None:
+        """Graceful stop (SIGTERM, drain), then kill the process group; clean shared memory."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(self.exit_timeout + 10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stubs left behind, or a server that would not stop
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.returncode = self.proc.wait()
+        for f in SHM_DIR.glob(self.shm_prefix + "*"):
+            try:
+                f.unlink()
+            except OSError:
+                pass
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+        if self._own_workdir and self.workdir is not None and self.returncode == 0:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return self.returncode
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait(self, poll: float = 0.5) -> int:
+        """Block until the server exits by itself (the CLI's foreground mode)."""
+        while self.proc.poll() is None:
+            time.sleep(poll)
+        return self.proc.returncode
+
+
+def _shorten(s: str, n: int = 600) -> str:
+    s = s.strip()
+    return s if len(s) <= n else s[: n - 3] + "..."
