@@ -29,9 +29,9 @@ from trtspec.client.types import GenerationResult
 from trtspec.speculative.stats import percentile
 
 PERCENTILES = (50, 90, 95, 99)
-# bucket edges (lower bounds); the last bucket is open
-PROMPT_LEN_EDGES = (0, 16, 32, 64, 128, 256, 512, 1024, 2048)
-OUTPUT_LEN_EDGES = (0, 8, 16, 32, 64, 128, 256, 512, 1024)
+# bucket upper bounds (inclusive, so max_tokens 64 lands in "33-64"); the last bucket is open
+PROMPT_LEN_EDGES = (16, 32, 64, 128, 256, 512, 1024, 2048)
+OUTPUT_LEN_EDGES = (8, 16, 32, 64, 128, 256, 512, 1024)
 
 
 @dataclass
@@ -188,15 +188,17 @@ def summarize(records: list[RequestRecord], duration_s: float | None = None) -> 
     return out
 
 
-def bucket_label(value: int, edges: tuple[int, ...]) -> str:
-    for lo, hi in zip(edges, edges[1:]):
-        if lo <= value < hi:
-            return f"{lo}-{hi - 1}"
-    return f">={edges[-1]}"
-
-
 def bucket_order(edges: tuple[int, ...]) -> list[str]:
-    return [f"{lo}-{hi - 1}" for lo, hi in zip(edges, edges[1:])] + [f">={edges[-1]}"]
+    """Labels of the buckets for upper bounds ``edges``: "<=8", "9-16", ..., ">1024"."""
+    return [f"<={edges[0]}"] + [f"{lo + 1}-{hi}" for lo, hi in zip(edges, edges[1:])] + [f">{edges[-1]}"]
+
+
+def bucket_label(value: int, edges: tuple[int, ...]) -> str:
+    labels = bucket_order(edges)
+    for label, hi in zip(labels, edges):
+        if value <= hi:
+            return label
+    return labels[-1]
 
 
 def by_bucket(records: list[RequestRecord], key: str) -> dict[str, dict]:
