@@ -388,5 +388,172 @@ def build(config: str, out_dir: str | None, dry_run: bool, examples_dir: str | N
     out.print(f"hand-off: {res.manifest}")
 
 
+# --------------------------------------------------------------------------------------------
+# bench / validate (over gRPC against a running server)
+
+
+def _int_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        xs = tuple(int(x) for x in str(value).split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, e.g. 1,2,4 (got {value!r})") from None
+    if not xs or any(x < 1 for x in xs):
+        raise click.BadParameter(f"expected integers >= 1, e.g. 1,2,4 (got {value!r})")
+    return xs
+
+
+def _progress():
+    """A rich progress bar on stderr and the callback the library drives it with."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    prog = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    TextColumn("eta"), TimeRemainingColumn(), console=err, transient=True)
+    task = prog.add_task("connecting", total=None)
+
+    def update(done: int, total: int | None, label: str) -> None:
+        prog.update(task, completed=done, total=total, description=label)
+
+    return prog, update
+
+
+def _bench_table(d: dict, title: str) -> Table:
+    table = Table(title=title)
+    for col in ("c", "model", "req/s", "out tok/s", "TTFT p50 ms", "ITL p50 ms", "latency p50/p95 ms",
+                "tok/s/user p50", "AL", "speedup"):
+        table.add_column(col, justify="right" if col not in ("model",) else "left")
+    for lv in d["levels"]:
+        for role, m in lv["models"].items():
+            a = m["acceptance"]
+            al = a["acceptance_length"] or a["acceptance_length_from_chunks"]
+            sp = lv.get("speedup", {}).get("output_token_throughput") if role == "speculative" else None
+            table.add_row(
+                str(lv["concurrency"]), role, f"{m['request_throughput']:.2f}", f"{m['output_token_throughput']:.1f}",
+                f"{m['ttft_s']['p50'] * 1e3:.1f}", f"{(m['itl_s'].get('p50') or 0) * 1e3:.2f}",
+                f"{m['request_latency_s']['p50'] * 1e3:.0f}/{m['request_latency_s']['p95'] * 1e3:.0f}",
+                f"{m['output_tps_per_user'].get('p50') or 0:.1f}", "-" if al is None else f"{al:.2f}",
+                "" if sp is None else f"{sp:.2f}x")
+    return table
+
+
+@main.command()
+@click.option("--url", required=True, help="gRPC endpoint of the server, HOST:PORT.")
+@click.option("--concurrency", default="1,2,4", show_default=True, callback=_int_list,
+              help="Comma-separated concurrency levels (requests in flight).")
+@click.option("--prompts", "prompt_source", default="builtin:code", show_default=True,
+              help="builtin:code|chat|mixed|stdlib or a .jsonl file (objects with 'text' or 'prompt').")
+@click.option("--num-prompts", type=click.IntRange(1), default=None, help="Use this many prompts (cycled).")
+@click.option("--requests", type=click.IntRange(1), default=None,
+              help="Requests per model and level (default 16 unless --duration).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per model and level instead of a request count.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0), help="Unmeasured requests per model.")
+@click.option("--output-len", default="64", show_default=True, callback=_int_list,
+              help="max_tokens per request; a list is cycled over requests (e.g. 16,64,256).")
+@click.option("--prompt-len", default=None, callback=_int_list,
+              help="Cut/extend prompts to these lengths (tokens with --tokenizer, else characters), cycled.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 100), help="0 = greedy.")
+@click.option("--top-k", default=None, type=click.IntRange(0))
+@click.option("--top-p", default=None, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--seed", default=None, type=click.IntRange(0))
+@click.option("--model", "spec_model", default="ensemble", show_default=True, help="Speculative model.")
+@click.option("--baseline-model", default="ensemble_baseline", show_default=True, help="Ordinary-decoding model.")
+@click.option("--no-baseline", is_flag=True, help="Measure only --model (no side-by-side ratios).")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="HF tokenizer folder: prompt lengths in tokens, and token counts when the server sends no ids.")
+@click.option("--no-stream", is_flag=True, help="Ask for one response per request (TTFT = request latency).")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds per request.")
+@click.option("--ready-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the server and models to be ready.")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (no per-request records) as JSON.")
+@handle_errors
+def bench(url, concurrency, prompt_source, num_prompts, requests, duration, warmup, output_len, prompt_len,
+          temperature, top_k, top_p, seed, spec_model, baseline_model, no_baseline, tokenizer, no_stream, timeout,
+          ready_timeout, out_dir, as_json):
+    """Load-test a deployment: baseline and speculative side by side, GenAI-Perf metrics.
+
+    TTFT, time to second token, ITL, inter-chunk latency, request latency, output tokens/s (per
+    user and total), requests/s at p50/p90/p95/p99, acceptance rate and length, by prompt and
+    output length; speculative/baseline ratios per concurrency level.
+    """
+    from trtspec.client.loadgen import BenchSettings, run_bench
+    from trtspec.client.types import Sampling
+    from trtspec.prompts import load_prompts
+    from trtspec.validate.report import write_bench_report
+
+    if requests is not None and duration is not None:
+        raise click.UsageError("pass --requests or --duration, not both")
+    settings = BenchSettings(
+        concurrency=concurrency, requests=None if duration else (requests or 16), duration_s=duration,
+        warmup=warmup, output_lens=output_len, prompt_lens=prompt_len,
+        sampling=Sampling(max_tokens=output_len[0], temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        speculative_model=spec_model, baseline_model=None if no_baseline else baseline_model,
+        stream=not no_stream, timeout_s=timeout)
+    prompts = load_prompts(prompt_source, num_prompts)
+    prog, update = _progress()
+    with prog:
+        result = run_bench(url, prompts, settings, tokenizer=tokenizer, prompt_source=prompt_source,
+                           progress=update, ready_timeout_s=ready_timeout)
+    files = write_bench_report(result, out_dir)
+    d = result.to_dict(with_records=False)
+    if as_json:
+        click.echo(json.dumps(d, indent=2, default=str))
+        return
+    out.print(_bench_table(d, f"trtspec bench {result.url} ({result.wall_s:.0f}s)"))
+    out.print(f"report: {os.path.join(out_dir, 'report.md')} (+ report.json, {len(files) - 2} plots)")
+
+
+@main.command()
+@click.option("--url", required=True, help="gRPC endpoint of the server, HOST:PORT.")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+@click.option("--model", "spec_model", default="ensemble", show_default=True, help="Speculative model.")
+@click.option("--baseline-model", default="ensemble_baseline", show_default=True, help="Ordinary-decoding model.")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="HF tokenizer folder (default: the recipe target's, if present).")
+@click.option("--ready-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the server and models to be ready.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict and gates as JSON.")
+@handle_errors
+def validate(url, config, out_dir, spec_model, baseline_model, tokenizer, ready_timeout, as_json):
+    """Validate a served deployment against its recipe's gates; exit 0 = deploy speculative, 1 = keep baseline.
+
+    Greedy output equivalence per prompt (first divergence, edit distance; tolerance from
+    validation.equivalence_tolerance), a sampled distribution check (validation.sampled_check_samples),
+    latency and acceptance under load (validation.concurrency), then the gates in validation.gates.
+    Exit 2: bad recipe or input; 4: server unreachable or failing.
+    """
+    from trtspec.config import load_recipe
+    from trtspec.validate.report import write_validation_report
+    from trtspec.validate.run import run_validation
+
+    recipe = load_recipe(config)
+    prog, update = _progress()
+    with prog:
+        result = run_validation(url, recipe, tokenizer=tokenizer or True, speculative_model=spec_model,
+                                baseline_model=baseline_model, progress=update, ready_timeout_s=ready_timeout)
+    write_validation_report(result, out_dir, max_draft_len=recipe.max_draft_len or None,
+                            min_speedup=recipe.validation.gates.min_speedup)
+    v = result.verdict
+    if as_json:
+        click.echo(json.dumps({"verdict": v.to_dict(), "report": os.path.join(out_dir, "report.md")}, indent=2))
+    else:
+        table = Table(title=f"trtspec validate {recipe.name} @ {result.url}")
+        table.add_column("gate")
+        table.add_column("status")
+        table.add_column("detail", overflow="fold")
+        for g in v.gates:
+            table.add_row(g.name, "[green]pass[/]" if g.passed else "[bold red]FAIL[/]", g.detail)
+        out.print(table)
+        style = "bold green" if v.deploy_speculative else "bold red"
+        out.print(f"verdict: [{style}]{v.decision}[/]  (report: {os.path.join(out_dir, 'report.md')})")
+    sys.exit(result.exit_code)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
