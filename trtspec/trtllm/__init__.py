@@ -7,9 +7,7 @@
 - :mod:`~trtspec.trtllm.build`: version gate, preflight, run, hand-off manifest.
 - :mod:`~trtspec.trtllm.handoff`: :class:`TrtllmBuild`, the manifest ``trtspec package`` reads.
 - :mod:`~trtspec.trtllm.accepted_names`: flags and keys TRT-LLM 1.2.x accepts, with their sources.
+
+Import the submodules themselves: this package imports nothing eagerly, so the fake tools in the
+tests and ``python3 -m trtspec.trtllm.calibration`` start fast.
 """
-
-from trtspec.trtllm.handoff import TrtllmBuild
-from trtspec.trtllm.plan import Plan, Stage, describe, make_plan
-
-__all__ = ["Plan", "Stage", "TrtllmBuild", "describe", "make_plan"]

@@ -347,7 +347,8 @@ def check_argv(argv: list[str] | tuple[str, ...], tool: Tool | None = None) -> l
             continue
         if flag not in tool.flags:
             problems.append(f"{tool.name}: unknown flag {flag} (upstream: {tool.source})")
-            i += 1
+            # its value, if any, is not a second problem
+            i += 2 if i + 1 < len(argv) and not argv[i + 1].startswith("--") else 1
             continue
         spec = tool.flags[flag]
         if spec is None:  # a switch

@@ -301,7 +301,8 @@ def _engine_flow(b: _Builder) -> dict[str, Any]:
                 tp_size=tp, pp_size=pp, medusa_model_dir=s.head.model, num_medusa_heads=s.num_medusa_heads,
                 max_draft_len=s.max_draft_len,
             )
-            ckpt = b.add(Stage("target-ckpt", f"quantize target ({q.format}) + Medusa heads → TRT-LLM checkpoint",
+            kv = "" if q.kv_cache == "none" else f", KV {q.kv_cache}"
+            ckpt = b.add(Stage("target-ckpt", f"quantize target ({q.format}{kv}) + Medusa heads → TRT-LLM checkpoint",
                                "target", out, (tuple(argv),), inputs=(r.target.model, s.head.model), after=(cid,),
                                expect=_ckpt_expect(world)))
         else:
