@@ -419,21 +419,20 @@ def _progress():
 
 
 def _bench_table(d: dict, title: str) -> Table:
-    table = Table(title=title)
-    for col in ("c", "model", "req/s", "out tok/s", "TTFT p50 ms", "ITL p50 ms", "latency p50/p95 ms",
-                "tok/s/user p50", "AL", "speedup"):
-        table.add_column(col, justify="right" if col not in ("model",) else "left")
+    table = Table(title=title, caption="times in ms; tok/s/u = per user p50; AL = acceptance length; × = output tok/s speculative/baseline")
+    for col in ("c", "model", "req/s", "tok/s", "TTFT p50", "ITL p50", "lat p50", "lat p95", "tok/s/u", "AL", "×"):
+        table.add_column(col, justify="left" if col == "model" else "right")
     for lv in d["levels"]:
         for role, m in lv["models"].items():
             a = m["acceptance"]
             al = a["acceptance_length"] or a["acceptance_length_from_chunks"]
             sp = lv.get("speedup", {}).get("output_token_throughput") if role == "speculative" else None
             table.add_row(
-                str(lv["concurrency"]), role, f"{m['request_throughput']:.2f}", f"{m['output_token_throughput']:.1f}",
+                str(lv["concurrency"]), role[:4], f"{m['request_throughput']:.2f}", f"{m['output_token_throughput']:.1f}",
                 f"{m['ttft_s']['p50'] * 1e3:.1f}", f"{(m['itl_s'].get('p50') or 0) * 1e3:.2f}",
-                f"{m['request_latency_s']['p50'] * 1e3:.0f}/{m['request_latency_s']['p95'] * 1e3:.0f}",
+                f"{m['request_latency_s']['p50'] * 1e3:.0f}", f"{m['request_latency_s']['p95'] * 1e3:.0f}",
                 f"{m['output_tps_per_user'].get('p50') or 0:.1f}", "-" if al is None else f"{al:.2f}",
-                "" if sp is None else f"{sp:.2f}x")
+                "" if sp is None else f"{sp:.2f}")
     return table
 
 
