@@ -15,6 +15,7 @@ import traceback
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from trtspec import __version__
@@ -40,7 +41,8 @@ def handle_errors(fn):
         except TrtspecError as e:
             if _debug():
                 traceback.print_exc()
-            err.print(f"[bold red]error:[/] {e}", markup=True, highlight=False)
+            # messages carry tool output (stderr tails with [brackets]): never markup
+            err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
             sys.exit(e.exit_code)
         except KeyboardInterrupt:
             err.print("[yellow]interrupted[/]")
