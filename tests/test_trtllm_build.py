@@ -313,3 +313,19 @@ def test_cli_dry_run_json_and_real_build_error_here(tmp_path):
         res = CliRunner().invoke(main, ["build", str(R70B), "-o", str(tmp_path / "o")])
         assert res.exit_code == 1
         assert "tensorrt_llm is not installed" in res.output and not (tmp_path / "o").exists()
+
+
+def test_cli_error_output_keeps_the_stderr_tail_verbatim(capsys):
+    from trtspec.cli import handle_errors
+
+    @handle_errors
+    def failing():
+        raise CommandError(["trtllm-build", "--checkpoint_dir", "c"], 1,
+                           "[TensorRT-LLM][ERROR] Assertion failed: 16 != 40\n[bold] kernel [E] /x/[red]")
+
+    with pytest.raises(SystemExit) as e:
+        failing()
+    assert e.value.code == 1
+    err = capsys.readouterr().err
+    assert "trtllm-build --checkpoint_dir c" in err
+    assert "[TensorRT-LLM][ERROR] Assertion failed: 16 != 40" in err and "[bold] kernel [E] /x/[red]" in err
