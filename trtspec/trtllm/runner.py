@@ -37,7 +37,8 @@ STDERR_TAIL_LINES = 40
 @dataclass(frozen=True)
 class Event:
     """Progress for a caller that wants to show it: ``stage`` (starting), ``cached``, ``command``
-    (about to run ``argv``), ``done`` (stage renamed into place)."""
+    (about to run ``argv``, exactly as run: the stage writes into a temporary folder), ``done``
+    (the temporary folder renamed into place)."""
 
     kind: str
     stage: Stage
@@ -190,7 +191,7 @@ def run_stages(
         with atomic_dir(stage.output) as tmp:
             for argv in stage.commands:
                 real = _retarget(argv, stage.output, str(tmp))
-                emit(Event("command", stage, tuple(argv)))
+                emit(Event("command", stage, tuple(real)))  # exactly what runs (the temporary folder)
                 run_command(real, log_path=log_path, env=env)
             missing = [f for f in stage.expect if not (tmp / f).exists()]
             if missing:
