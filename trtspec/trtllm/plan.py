@@ -24,7 +24,7 @@ import pathlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from trtspec.config import Eagle, Eagle3, Lookahead, Medusa, ModelSpec, NGram, Recipe, recipe_to_dict
+from trtspec.config import Eagle, Lookahead, Medusa, ModelSpec, NGram, Recipe, recipe_to_dict
 from trtspec.errors import ConfigError
 from trtspec.manifest import hash_json
 from trtspec.trtllm import commands as C
