@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import os
 import re
 import threading
 import time
@@ -126,17 +127,36 @@ class ModelInfo:
         return t
 
 
-def _load_tokenizer(tokenizer):
-    if tokenizer is None or not isinstance(tokenizer, str):
-        return tokenizer
-    import os
+class FastTokenizer:
+    """The two calls the client makes, on ``tokenizers`` directly (a folder's ``tokenizer.json``):
+    no transformers/torch import, which costs seconds per process."""
 
-    if not os.path.isdir(tokenizer):
-        raise ConfigError("tokenizer", tokenizer, "tokenizer folder not found",
+    def __init__(self, path: str):
+        from tokenizers import Tokenizer
+
+        self._tok = Tokenizer.from_file(path)
+
+    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
+        return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+
+def load_tokenizer(tokenizer):
+    """An HF tokenizer object (used as is), a folder (its ``tokenizer.json``, else
+    ``AutoTokenizer``), or None."""
+    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
+        return tokenizer
+    path = str(tokenizer)
+    if not os.path.isdir(path):
+        raise ConfigError("tokenizer", path, "tokenizer folder not found",
                           fix="pass an HF model or tokenizer folder (the target's)")
+    if os.path.isfile(os.path.join(path, "tokenizer.json")):
+        return FastTokenizer(os.path.join(path, "tokenizer.json"))
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(tokenizer)
+    return AutoTokenizer.from_pretrained(path)
 
 
 class AsyncLLMClient:
@@ -151,7 +171,7 @@ class AsyncLLMClient:
     def __init__(self, url: str, *, tokenizer=None, retries: int = 3, backoff_s: float = 0.25,
                  timeout_s: float | None = 600.0):
         self.url = parse_url(url)
-        self.tokenizer = _load_tokenizer(tokenizer)
+        self.tokenizer = load_tokenizer(tokenizer)
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self._client = None
         self._info: dict[str, ModelInfo] = {}

@@ -97,3 +97,13 @@ def total_variation(a: Counter, b: Counter) -> float:
     if not na or not nb:
         return 0.0
     return 0.5 * sum(abs(a.get(c, 0) / na - b.get(c, 0) / nb) for c in set(a) | set(b))
+
+
+def pooled_total_variation(a: Counter, b: Counter, min_expected: float = 5.0) -> float:
+    """Total variation over the categories :func:`chi_square_homogeneity` compares. Empirical TV
+    over many rare categories is large even for identical distributions; pooled, it is not."""
+    ra, rb = pool_rare(a, b, min_expected)
+    na, nb = sum(ra), sum(rb)
+    if not na or not nb:
+        return 0.0
+    return 0.5 * sum(abs(x / na - y / nb) for x, y in zip(ra, rb))

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from trtspec.client.client import AsyncLLMClient
 from trtspec.client.types import GenerationResult, Sampling
-from trtspec.validate.distribution import chi_square_homogeneity, total_variation
+from trtspec.validate.distribution import chi_square_homogeneity, pooled_total_variation
 
 
 def first_divergence(a: Sequence, b: Sequence) -> int | None:
@@ -182,7 +182,7 @@ class PositionTest:
     chi2: float
     dof: int
     p_value: float
-    total_variation: float
+    total_variation: float  # over the pooled categories the test compares (raw TV of sparse samples is biased up)
     top_baseline: list  # [(token, share)] most frequent
     top_speculative: list
 
@@ -200,8 +200,13 @@ class SampledResult:
         return self.alpha / max(1, len(self.tests))
 
     @property
+    def conclusive(self) -> bool:
+        """At least one speculated position (>= 1) had two or more categories to compare."""
+        return any(t.position >= 1 and t.dof >= 1 for t in self.tests)
+
+    @property
     def passed(self) -> bool:
-        return all(t.p_value >= self.threshold for t in self.tests)
+        return self.conclusive and all(t.p_value >= self.threshold for t in self.tests)
 
     @property
     def min_p_value(self) -> float | None:
@@ -213,7 +218,7 @@ class SampledResult:
 
     def to_dict(self) -> dict:
         return {"samples": self.samples, "length": self.length, "alpha": self.alpha,
-                "per_test_threshold": self.threshold, "passed": self.passed, "min_p_value": self.min_p_value,
+                "per_test_threshold": self.threshold, "passed": self.passed, "conclusive": self.conclusive, "min_p_value": self.min_p_value,
                 "max_total_variation": self.max_total_variation, "sampling": self.sampling,
                 "tests": [asdict(t) for t in self.tests]}
 
@@ -251,6 +256,6 @@ async def sampled_check(client: AsyncLLMClient, prompts: Sequence[str], sampling
             chi2, dof, p, k = chi_square_homogeneity(cb, cs)
             res.tests.append(PositionTest(
                 prompt_index=pi, position=pos, n_baseline=sum(cb.values()), n_speculative=sum(cs.values()),
-                categories=k, chi2=chi2, dof=dof, p_value=p, total_variation=total_variation(cb, cs),
+                categories=k, chi2=chi2, dof=dof, p_value=p, total_variation=pooled_total_variation(cb, cs),
                 top_baseline=_top(cb), top_speculative=_top(cs)))
     return res

@@ -76,5 +76,7 @@ def evaluate(gates, *, mismatch_rate: float | None, exact_match_rate: float | No
             f"{len(sampled.tests)} chi-square tests (speculative vs baseline token frequencies, "
             f"{sampled.samples} samples each): min p = {_fmt(sampled.min_p_value)}, needs >= "
             f"{sampled.threshold:.2g} (alpha {sampled.alpha:g}, Bonferroni); max total variation "
-            f"{_fmt(sampled.max_total_variation)}"))
+            f"{_fmt(sampled.max_total_variation)}"
+            + ("" if sampled.conclusive else "; INCONCLUSIVE: no speculated position had two categories with "
+               "enough samples to compare; raise validation.sampled_check_samples")))
     return v

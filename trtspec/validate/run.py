@@ -25,7 +25,8 @@ Progress = Callable[[int, "int | None", str], None]
 SAMPLED_PROMPTS = 4  # prompts in the sampled check (each gets validation.sampled_check_samples per model)
 SAMPLED_LENGTH = 3  # tokens per continuation: the shortest that includes a verify step
 SAMPLED_ALPHA = 1e-3  # family-wise false-alarm rate of the sampled check
-SAMPLED_TEMPERATURE = 1.0  # used when the recipe's sampling is greedy
+SAMPLED_TEMPERATURE = 1.0  # used when the recipe's sampling is greedy ...
+SAMPLED_TOP_K = 10  # ... with top-k, so that a few hundred samples have the power to see a difference
 
 
 @dataclass
@@ -123,9 +124,10 @@ async def validate_async(client: AsyncLLMClient, recipe, *, speculative_model: s
         s = v.sampling
         base = Sampling.from_recipe(s, SAMPLED_LENGTH)
         if s.temperature == 0:
-            base = base.with_(temperature=SAMPLED_TEMPERATURE, top_k=s.top_k or None, top_p=s.top_p, seed=s.seed)
+            base = base.with_(temperature=SAMPLED_TEMPERATURE, top_k=s.top_k or SAMPLED_TOP_K, top_p=s.top_p,
+                              seed=s.seed)
             note = (f"validation.sampling is greedy; the distribution check samples at temperature "
-                    f"{SAMPLED_TEMPERATURE} to exercise the sampled verifier")
+                    f"{SAMPLED_TEMPERATURE}, top_k {base.top_k} to exercise the sampled verifier")
         sp = prompts[:SAMPLED_PROMPTS]
         sampled = await sampled_check(
             client, sp, base, samples=v.sampled_check_samples, speculative_model=speculative_model,
