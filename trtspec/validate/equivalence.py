@@ -59,6 +59,8 @@ class PromptComparison:
     edit_distance: int
     passed: bool
     served_by: str | None = None
+    # character offsets of the first divergence in each text (exact with a tokenizer, else estimated)
+    divergence_chars: tuple[int, int] | None = None
 
     @property
     def exact(self) -> bool:
@@ -69,13 +71,14 @@ class PromptComparison:
         i = self.first_divergence
         if i is None:
             return None
-        if self.baseline and isinstance(self.baseline[0], str):  # characters
-            common, b, s = self.baseline_text[:i], self.baseline_text[i:], self.speculative_text[i:]
-        else:
-            # texts are the decoded ids; cut by the ratio of tokens (good enough to show where)
+        if self.divergence_chars is not None:
+            cut_b, cut_s = self.divergence_chars
+        elif self.baseline and isinstance(self.baseline[0], str):  # compared as characters
+            cut_b = cut_s = i
+        else:  # no tokenizer: estimate by the share of tokens
             cut_b = _text_at(self.baseline_text, i, len(self.baseline))
             cut_s = _text_at(self.speculative_text, i, len(self.speculative))
-            common, b, s = self.baseline_text[:cut_b], self.baseline_text[cut_b:], self.speculative_text[cut_s:]
+        common, b, s = self.baseline_text[:cut_b], self.baseline_text[cut_b:], self.speculative_text[cut_s:]
         return {"common_tail": common[-width:], "baseline": b[:width], "speculative": s[:width]}
 
     def to_dict(self) -> dict:
@@ -124,16 +127,20 @@ class EquivalenceResult:
         }
 
 
-def compare(index: int, prompt: str, base: GenerationResult, spec: GenerationResult, tolerance: int) -> PromptComparison:
+def compare(index: int, prompt: str, base: GenerationResult, spec: GenerationResult, tolerance: int,
+            tokenizer=None) -> PromptComparison:
     if base.token_ids is not None and spec.token_ids is not None:
         a, b = list(base.token_ids), list(spec.token_ids)
     else:
         a, b = list(base.text), list(spec.text)
     div = first_divergence(a, b)
     passed = div is None or (tolerance > 0 and div >= tolerance)
+    chars = None
+    if div is not None and tokenizer is not None and base.token_ids is not None and spec.token_ids is not None:
+        chars = (len(tokenizer.decode(a[:div])), len(tokenizer.decode(b[:div])))
     return PromptComparison(index=index, prompt=prompt, baseline=a, speculative=b, baseline_text=base.text,
                             speculative_text=spec.text, first_divergence=div, edit_distance=edit_distance(a, b),
-                            passed=passed, served_by=spec.served_by)
+                            passed=passed, served_by=spec.served_by, divergence_chars=chars)
 
 
 async def _map(fn, items: list, concurrency: int, on_done: Callable[[], None] | None = None) -> list:
@@ -168,7 +175,8 @@ async def greedy_equivalence(client: AsyncLLMClient, prompts: Sequence[str], *, 
     spec = await _map(lambda p: client.generate(p, greedy, model=speculative_model), list(prompts), concurrency, on_done)
     unit = "tokens" if all(r.token_ids is not None for r in base + spec) else "chars"
     res = EquivalenceResult(tolerance=tolerance, max_tokens=max_tokens, concurrency=concurrency, unit=unit)
-    res.prompts = [compare(i, p, b, s, tolerance) for i, (p, b, s) in enumerate(zip(prompts, base, spec))]
+    res.prompts = [compare(i, p, b, s, tolerance, client.tokenizer)
+                   for i, (p, b, s) in enumerate(zip(prompts, base, spec))]
     return res
 
 

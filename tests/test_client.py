@@ -1,0 +1,161 @@
+"""Client SDK without a server: URL parsing, error mapping, tensor shapes, an unreachable port."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+import pytest
+
+from trtspec.client import (
+    AsyncLLMClient,
+    InferenceFailed,
+    LLMClient,
+    ModelInfo,
+    ModelNotFound,
+    RequestRejected,
+    RequestTimeout,
+    Sampling,
+    ServerUnavailable,
+    parse_url,
+)
+from trtspec.client.errors import classify, from_exception, short_message
+from trtspec.errors import ClientError, ConfigError
+
+
+@pytest.mark.parametrize("url, want", [
+    ("127.0.0.1:8001", "127.0.0.1:8001"), ("grpc://localhost:9000", "localhost:9000"),
+    (" my-host.example:1 ", "my-host.example:1"), ("[::1]:8001", "[::1]:8001"),
+])
+def test_parse_url(url, want):
+    assert parse_url(url) == want
+
+
+@pytest.mark.parametrize("url", ["localhost", "http://x:1", "x:0", "x:70000", "", "a b:1"])
+def test_parse_url_rejects(url):
+    with pytest.raises(ConfigError, match="--url"):
+        parse_url(url)
+
+
+# the client-visible failures of tritonserver 2.51 (reference/triton-cpu.md §8)
+@pytest.mark.parametrize("status, message, cls", [
+    ("NOT_FOUND", "Request for unknown model: 'nope' is not found", ModelNotFound),
+    (None, "Request for unknown model: 'nope' is not found", ModelNotFound),  # inside a stream: no status
+    ("NOT_FOUND", "Request for unknown model: 'slow' has no available versions", ModelNotFound),
+    ("INVALID_ARGUMENT", "unexpected inference input 'BAD' for model 'failing'", RequestRejected),
+    (None, "unexpected shape for input 'MODE' for model 'failing'. Expected [1], got [2].", RequestRejected),
+    ("UNIMPLEMENTED", "ModelInfer RPC doesn't support models with decoupled transaction policy", RequestRejected),
+    ("INTERNAL", "Failed to process the request(s) for model 'failing_0', message: ValueError: boom\n\nAt:\n"
+                 "  /x/model.py(11): execute", InferenceFailed),
+    ("DEADLINE_EXCEEDED", "Deadline Exceeded", RequestTimeout),
+    ("UNAVAILABLE", "Request timeout expired", ServerUnavailable),
+    ("UNAVAILABLE", "failed to connect to all addresses; last error: UNKNOWN: Connection refused", ServerUnavailable),
+    (None, "Stream removed (Socket closed)", ServerUnavailable),
+    ("INTERNAL", "Stub process 'crasher_0' is not healthy.", InferenceFailed),
+])
+def test_classify_server_errors(status, message, cls):
+    e = classify(status, message, url="h:1", model="ensemble")
+    assert type(e) is cls
+    assert isinstance(e, ClientError) and e.exit_code == 4
+    assert e.model == "ensemble" and e.status == status and e.server_message == message
+    assert "model 'ensemble' at h:1" in str(e) and e.fix
+    assert "At:" not in str(e)  # the python backend's traceback stays in server_message
+
+
+def test_short_message_and_grpc_error_mapping():
+    assert short_message("boom\n\nAt:\n  model.py(1)") == "boom"
+
+    class FakeRpc(Exception):
+        def code(self):
+            import grpc
+
+            return grpc.StatusCode.UNAVAILABLE
+
+        def details(self):
+            return "failed to connect to all addresses"
+
+    e = from_exception(FakeRpc(), url="h:1", model="m")
+    assert isinstance(e, ServerUnavailable) and e.status == "UNAVAILABLE"
+
+
+def test_model_info_builds_nvidia_shaped_tensors():
+    cfg = {"name": "ensemble", "max_batch_size": 8, "model_transaction_policy": {"decoupled": True},
+           "input": [{"name": "text_input", "data_type": "TYPE_STRING", "dims": ["1"]},
+                     {"name": "max_tokens", "data_type": "TYPE_INT32", "dims": ["1"], "optional": True},
+                     {"name": "seed", "data_type": "TYPE_UINT64", "dims": ["1"], "optional": True},
+                     {"name": "stream", "data_type": "TYPE_BOOL", "dims": ["1"], "optional": True}],
+           "output": [{"name": "text_output", "data_type": "TYPE_STRING", "dims": ["-1"]}]}
+    info = ModelInfo.from_config(cfg)
+    assert info.kind == "text" and info.decoupled and info.outputs == {"text_output"}
+    t = info.tensor("text_input", ["hi"])
+    assert t.shape() == [1, 1] and t.datatype() == "BYTES"  # [batch, 1] like NVIDIA's clients
+    assert info.tensor("seed", [7]).datatype() == "UINT64"
+    ids = ModelInfo.from_config({"name": "tensorrt_llm", "max_batch_size": 0, "input": [
+        {"name": "input_ids", "data_type": "TYPE_INT32", "dims": ["-1"]},
+        {"name": "input_lengths", "data_type": "TYPE_INT32", "dims": ["1"]}]})
+    assert ids.kind == "ids" and ids.tensor("input_ids", [1, 2, 3]).shape() == [3]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"max_tokens": 0}, "max_tokens"), ({"temperature": -1}, "temperature"), ({"top_p": 0}, "top_p"),
+    ({"top_k": -1}, "top_k"), ({"seed": -2}, "seed"),
+])
+def test_sampling_errors(kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        Sampling(**kwargs)
+
+
+def test_sampling_from_recipe_drops_sampling_knobs_when_greedy():
+    from trtspec.config import Sampling as RecipeSampling
+
+    g = Sampling.from_recipe(RecipeSampling(temperature=0.0, top_k=5, seed=3), 16)
+    assert (g.temperature, g.top_k, g.seed, g.max_tokens) == (0.0, None, None, 16)
+    s = Sampling.from_recipe(RecipeSampling(temperature=0.7, top_k=5, top_p=0.9, seed=3), 8)
+    assert (s.temperature, s.top_k, s.top_p, s.seed) == (0.7, 5, 0.9, 3)
+
+
+def _free_port() -> int:
+    from trtspec.triton.server import free_port
+
+    return free_port()
+
+
+def test_unreachable_server_fails_fast_with_a_clear_error():
+    url = f"127.0.0.1:{_free_port()}"
+    t0 = time.monotonic()
+    with LLMClient(url, retries=2, backoff_s=0.05) as c:
+        with pytest.raises(ServerUnavailable, match="no Triton server is reachable") as ei:
+            c.generate("hello", Sampling(max_tokens=4))
+        assert ei.value.status == "UNAVAILABLE" and "--url" in ei.value.fix
+        with pytest.raises(ServerUnavailable):
+            c.wait_ready(timeout_s=0.3)
+    assert time.monotonic() - t0 < 10
+
+
+def test_async_client_unreachable():
+    async def main():
+        async with AsyncLLMClient(f"127.0.0.1:{_free_port()}", retries=0) as c:
+            await c.generate("x")
+
+    with pytest.raises(ServerUnavailable):
+        asyncio.run(main())
+
+
+def test_tokenizer_folder_errors(tmp_path):
+    with pytest.raises(ConfigError, match="tokenizer"):
+        LLMClient("127.0.0.1:1", tokenizer=str(tmp_path / "missing")).close()
+
+
+def test_fast_tokenizer_matches_transformers(tiny_target):
+    from transformers import AutoTokenizer
+
+    from trtspec.client.client import load_tokenizer
+    from trtspec.prompts import load_prompts
+
+    fast, hf = load_tokenizer(str(tiny_target)), AutoTokenizer.from_pretrained(str(tiny_target))
+    for p in load_prompts("builtin:mixed")[:40]:
+        ids = fast(p)["input_ids"]
+        assert ids == hf(p, add_special_tokens=False)["input_ids"]
+        assert fast.decode(ids) == hf.decode(ids, skip_special_tokens=True)
+    assert np.asarray(ids).dtype.kind == "i"
