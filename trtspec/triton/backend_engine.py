@@ -86,6 +86,14 @@ def response_tensors(pb, tokens: list[int], stats, served_by: str, perf_json: st
     ]
 
 
+class _Counters:
+    """Acceptance counters as the client sees them (see :meth:`_Stream.counters`)."""
+
+    def __init__(self, accepted: int, drafted: int):
+        self.accepted, self.drafted = accepted, drafted
+        self.acceptance_rate = accepted / drafted if drafted else 0.0
+
+
 class _Stream:
     """One request's responses, sent from the engine thread."""
 
@@ -93,6 +101,24 @@ class _Stream:
         self.model, self.sender, self.req = model, sender, req
         self.tokens: list[int] = []  # non-streaming: everything so far
         self.cancel_checked = 0.0
+        # draft_input_ids are the tokens right after the prompt (the tensorrtllm backend verifies
+        # them in the context phase); the engine's external drafts continue after its prefill
+        # token. So the first draft token is checked against the prefill token here and the rest
+        # go to the engine: ``first_draft`` = (token, accepted?) once known.
+        self.first_draft = req.draft_input_ids[0] if req.draft_input_ids else None
+        self.first_accepted = 0
+
+    def counters(self, stats) -> _Counters:
+        if self.first_draft is None:
+            return _Counters(stats.accepted, stats.drafted)
+        return _Counters(stats.accepted + self.first_accepted, stats.drafted + 1)
+
+    def perf_json(self, stats) -> str:
+        d = stats.to_dict()
+        if self.first_draft is not None:
+            c = self.counters(stats)
+            d.update(drafted=c.drafted, accepted=c.accepted, acceptance_rate=round(c.acceptance_rate, 4))
+        return json.dumps(d)
 
     def on_event(self, ev) -> bool | None:
         pb = self.model.pb
@@ -101,16 +127,19 @@ class _Stream:
                        invalid_argument=False)
             self.model.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
             return None
-        perf = json.dumps(ev.stats.to_dict()) if ev.finished else ""
+        if self.first_draft is not None and ev.stats.generated == len(ev.new_tokens) and ev.new_tokens:
+            self.first_accepted = int(ev.new_tokens[0] == self.first_draft)
+        counters = self.counters(ev.stats)
+        perf = self.perf_json(ev.stats) if ev.finished else ""
         if self.req.streaming:
             if ev.new_tokens or ev.finished:
-                tensors = response_tensors(pb, ev.new_tokens, ev.stats, self.model.served_by, perf)
+                tensors = response_tensors(pb, ev.new_tokens, counters, self.model.served_by, perf)
                 flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ev.finished else 0
                 self.sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
         else:
             self.tokens.extend(ev.new_tokens)
             if ev.finished:
-                tensors = response_tensors(pb, self.tokens, ev.stats, self.model.served_by, perf)
+                tensors = response_tensors(pb, self.tokens, counters, self.model.served_by, perf)
                 self.sender.send(pb.InferenceResponse(output_tensors=tensors),
                                  flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if ev.finished:
@@ -163,7 +192,8 @@ class EngineModel:
                 if not self.external_drafts:
                     raise RequestInputError("draft_input_ids: this engine cannot verify external drafts",
                                             fix="omit draft_input_ids")
-                kwargs["draft_tokens"] = req.draft_input_ids
+                if len(req.draft_input_ids) > 1:
+                    kwargs["draft_tokens"] = req.draft_input_ids[1:]  # the first is checked by _Stream
             stream = _Stream(self, sender, req)
             self.metrics.apply([("increment", "trtspec_inflight_requests", 1, {})])
             try:

@@ -149,21 +149,22 @@ class Router:
             item = _Item(pb, resp, path)
             if item.perf_json is not None:  # trtspec model: the final response says so
                 final = item.perf_json != ""
+                if final:  # update the policy before the client can send its next request
+                    self._finished(path, item)
                 self._send(sender, item, window, final)
                 last = item
                 if final:
-                    self._finished(path, item)
                     return
             else:  # tensorrtllm backend: hold one back to know which is last
                 if pending is not None:
                     self._send(sender, pending, window, False)
                 pending = item
         if pending is not None:
-            self._send(sender, pending, window, True)
             self._finished(path, pending)
+            self._send(sender, pending, window, True)
         elif last is not None:  # closed without a final-marked response: close the stream ourselves
-            self._send(sender, _empty_like(last), window, True)
             self._finished(path, last)
+            self._send(sender, _empty_like(last), window, True)
         else:
             raise RuntimeError(f"{model} closed the request without a response")
 

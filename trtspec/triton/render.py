@@ -360,7 +360,11 @@ def _plan_torch(inp: ServingInputs):
 
 def _tensorrtllm(name: str, inp: ServingInputs, role: str) -> ModelPlan:
     """A tensorrtllm-backend model for the build's ``role`` engine (target | draft | baseline)."""
+    from trtspec.triton.mpi import placement_parameters
+
     params = dict(inp.trtllm.triton_parameters(role))
+    # GPUs and MPI ranks come from the launch layout, the same one `trtspec serve` runs (mpi.py)
+    params.update(placement_parameters(inp.trtllm, inp.recipe, role))
     engine_dir = params.pop("gpt_model_path")
     return ModelPlan(name, "tensorrt_llm/tensorrtllm", {
         "model_name": name,

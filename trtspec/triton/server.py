@@ -26,6 +26,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -349,11 +350,54 @@ class TritonServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def wait(self, poll: float = 0.5) -> int:
-        """Block until the server exits by itself (the CLI's foreground mode)."""
-        while self.proc.poll() is None:
-            time.sleep(poll)
-        return self.proc.returncode
+    def serve_forever(self) -> None:
+        """Block until Ctrl-C or SIGTERM (then return; the caller stops the server gracefully).
+
+        A server that exits by itself meanwhile is an error, with the reason from its log.
+        Signal handlers can only be installed from the main thread.
+        """
+        stop = threading.Event()
+        handled = (signal.SIGINT, signal.SIGTERM)
+        old = {s: signal.signal(s, lambda *_: stop.set()) for s in handled}
+        try:
+            while not stop.wait(0.5):
+                rc = self.proc.poll()
+                if rc is not None:
+                    raise self._failure(f"tritonserver exited by itself (code {rc})")
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+
+def server_for_repository(
+    repository: str | os.PathLike,
+    *,
+    host: str | None = None,
+    grpc_port: int | None = None,
+    http_port: int | None = None,
+    metrics_port: int | None = None,
+    ready_timeout: float | None = None,
+    **kwargs,
+) -> TritonServer:
+    """A :class:`TritonServer` for a repository; unset options come from the recipe in the
+    repository's ``trtspec.json`` (``serving``), then from the defaults (127.0.0.1, free ports)."""
+    from trtspec.triton.render import read_repository_manifest
+
+    manifest = read_repository_manifest(repository) or {}
+    serving = (manifest.get("recipe") or {}).get("serving") or {}
+
+    def pick(value, key, default):
+        return value if value is not None else serving.get(key, default)
+
+    return TritonServer(
+        repository,
+        host=pick(host, "host", "127.0.0.1"),
+        grpc_port=pick(grpc_port, "grpc_port", 0),
+        http_port=pick(http_port, "http_port", 0),
+        metrics_port=pick(metrics_port, "metrics_port", 0),
+        ready_timeout=pick(ready_timeout, "ready_timeout_s", 180.0),
+        **kwargs,
+    )
 
 
 def _shorten(s: str, n: int = 600) -> str:
