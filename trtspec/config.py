@@ -318,6 +318,13 @@ class TrtllmOptions(Strict):
         "auto",
         description="engine flow: which convert_checkpoint.py to use; auto = config.json model_type of the target",
     )
+    launch_mode: Literal["auto", "leader", "orchestrator", "orchestrator_prespawn"] = Field(
+        "auto",
+        description="engine flow: how tritonserver runs the engines (trtspec.triton.mpi). leader: one engine over "
+        "tp x pp MPI ranks; orchestrator: several engines, TRT-LLM spawns their ranks; orchestrator_prespawn: "
+        "mpirun starts 1 + every engine's ranks (participant_ids; needed for draft logits). auto: leader for one "
+        "engine, orchestrator for several, orchestrator_prespawn for draft_target with use_draft_logits",
+    )
 
     @model_validator(mode="after")
     def _mem(self) -> "TrtllmOptions":

@@ -33,6 +33,8 @@ Where this differs from ``launch_triton_server.py``, on purpose:
   rank 0's port.
 - environment variables ride on every app context as ``-x NAME=VALUE`` (OpenMPI applies ``-x`` only
   to the context it precedes), so the printed command is complete: copied into a shell it runs the same.
+- mpirun is called by name, as upstream does: called by absolute path, OpenMPI acts as if given
+  ``--prefix`` and puts its own ``bin``/``lib`` first on every rank's PATH and LD_LIBRARY_PATH.
 - the multi-model memory-pool flags name the GPUs the engines use (the recipe's ids), not every GPU
   ``nvidia-smi`` lists; the command does not end in a dangling ``:``.
 """
@@ -409,7 +411,9 @@ class MpiTritonServer(TritonServer):
         return self
 
     def command(self, backends: pathlib.Path | None) -> list[str]:
-        mpirun = self.mpirun or shutil.which("mpirun")
+        # by name, as launch_triton_server.py does: OpenMPI called by absolute path acts as --prefix
+        # and puts <prefix>/bin and <prefix>/lib first on every rank's PATH and LD_LIBRARY_PATH
+        mpirun = self.mpirun or "mpirun"
         extra: list[str] = []
         if backends is not None:  # the CPU tritonserver from nvidia-pytriton (see server.py)
             extra.append(f"--backend-directory={backends}")
@@ -420,23 +424,27 @@ class MpiTritonServer(TritonServer):
         self.plan = launch_plan(
             self.layout, repository=str(self.repository), host=e.host, grpc_port=e.grpc_port,
             http_port=e.http_port, metrics_port=e.metrics_port, tritonserver=str(self.binary),
-            mpirun=mpirun or "mpirun", shm_prefix=self.shm_prefix, exit_timeout=self.exit_timeout,
+            mpirun=mpirun, shm_prefix=self.shm_prefix, exit_timeout=self.exit_timeout,
             log_verbose=self.log_verbose, extra_args=tuple(extra) + self.extra_args,
             oversubscribe=self.oversubscribe,
         )
         return list(self.plan.argv)
 
 
-def launcher_for_repository(repository: str | os.PathLike, **kwargs) -> TritonServer:
-    """The server for a rendered repository: :class:`MpiTritonServer` for TRT-LLM engines, else the
-    single-process :func:`~trtspec.triton.server.server_for_repository`. ``kwargs`` as that function."""
-    from trtspec.triton.server import server_for_repository
+def with_repository_layout(server: TritonServer) -> TritonServer:
+    """``server`` itself for a single-process repository; for a repository of TRT-LLM engines, an
+    :class:`MpiTritonServer` with the same settings (address, ports, timeouts, binary, work folder)
+    that launches the repository's layout. ``server`` must not be started yet."""
+    if server.proc is not None:
+        raise ServerError("with_repository_layout() needs a server that has not started")
+    from trtspec.triton.render import read_repository_manifest
 
-    server = server_for_repository(repository, **kwargs)
-    layout, _ = repository_layout(repository)
+    if read_repository_manifest(server.repository) is None:  # not rendered by trtspec: served as it is
+        return server
+    layout, _ = repository_layout(server.repository)
     if layout.mode == "single":
         return server
-    grpc_port, http_port, metrics_port = server.ports  # resolved from the recipe's serving section once
+    grpc_port, http_port, metrics_port = server.ports
     return MpiTritonServer(
         server.repository, layout, host=server.host, grpc_port=grpc_port, http_port=http_port,
         metrics_port=metrics_port, ready_timeout=server.ready_timeout, exit_timeout=server.exit_timeout,
