@@ -1,0 +1,196 @@
+"""Run ModelOpt-quantized models in the torch runtime (fake-quant, any device).
+
+The quantized model is calibrated as a ``transformers`` model (ModelOpt's reference path; the
+exports need it). Our :class:`~trtspec.speculative.model.CausalLM` has the same module names,
+so ModelOpt's own restore (``restore_from_modelopt_state`` + ``load_state_dict``) rebuilds the
+quantizers on it by name. Two things ModelOpt cannot know about our model are registered here:
+
+* attention: ModelOpt's HF plugin quantizes K and V where transformers' attention interface
+  receives them (after RoPE, before the GQA repeat). :class:`QuantAttention` applies the same
+  ``k_bmm_quantizer`` / ``v_bmm_quantizer`` at the same point, before the tensors enter our KV
+  cache (static per-tensor fake-quant is idempotent, so quantize-on-write equals HF's
+  quantize-on-read of the whole cache);
+* NVFP4 on CPU: the custom fake-quant backend of :mod:`trtspec.quantize.nvfp4_cpu`.
+
+``tests/test_quantize.py`` checks the restored model's logits against ModelOpt's HF model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import pathlib
+import warnings
+from typing import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from trtspec.errors import ModelError
+from trtspec.speculative.model import Attention, CausalLM, ModelArgs, read_hf_config, rotate_half
+
+STATE_FILE = "modelopt_state.pth"
+
+
+@contextlib.contextmanager
+def quiet(log: list[str] | None = None) -> Iterator[None]:
+    """ModelOpt and transformers print and warn freely; the library must not. Captured stdout
+    and warnings go to ``log`` (the CLI shows them under --debug; the manifest keeps warnings)."""
+    buf = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught, contextlib.redirect_stdout(buf):
+        warnings.simplefilter("always")
+        try:
+            from transformers.utils import logging as hf_logging
+
+            bar, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
+            hf_logging.disable_progress_bar()
+            hf_logging.set_verbosity_error()
+        except ImportError:  # pragma: no cover - transformers is a dependency
+            hf_logging = None
+        try:
+            yield
+        finally:
+            if hf_logging is not None:
+                hf_logging.set_verbosity(verbosity)
+                if bar:
+                    hf_logging.enable_progress_bar()
+    if log is not None:
+        log.extend(line for line in buf.getvalue().splitlines() if line.strip())
+        log.extend(f"{w.category.__name__}: {w.message}" for w in caught)
+
+
+def _quant_attention_cls():
+    from modelopt.torch.quantization.nn import QuantModule, TensorQuantizer
+
+    class QuantAttention(QuantModule):
+        """trtspec Attention with ModelOpt's KV-cache quantizers (names as in ModelOpt's HF plugin)."""
+
+        def _setup(self):
+            self.q_bmm_quantizer = TensorQuantizer()
+            self.k_bmm_quantizer = TensorQuantizer()
+            self.v_bmm_quantizer = TensorQuantizer()
+            self.p_bmm_quantizer = TensorQuantizer()
+
+        def forward(self, x, cos, sin, k_cache, v_cache, step, mask, index):
+            if self.p_bmm_quantizer.is_enabled:
+                raise ModelError(
+                    "softmax (p_bmm) quantization is not supported by the torch runtime",
+                    fix="use a KV-cache format (fp8, int8) that quantizes only K and V",
+                )
+            if not (self.q_bmm_quantizer.is_enabled or self.k_bmm_quantizer.is_enabled or self.v_bmm_quantizer.is_enabled):
+                return Attention.forward(self, x, cos, sin, k_cache, v_cache, step, mask, index)
+            B, T, _ = x.shape  # x: [B, T, in]
+            H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+            q = self.q_proj(x).view(B, T, H, D).transpose(1, 2)  # [B, H, T, D]
+            k = self.k_proj(x).view(B, T, Hkv, D).transpose(1, 2)  # [B, Hkv, T, D]
+            v = self.v_proj(x).view(B, T, Hkv, D).transpose(1, 2)
+            q = q * cos + rotate_half(q) * sin
+            k = k * cos + rotate_half(k) * sin
+            q, k, v = self.q_bmm_quantizer(q), self.k_bmm_quantizer(k), self.v_bmm_quantizer(v)
+            if k_cache is None:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+                return self.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
+            # cache writes/reads exactly as Attention.forward (see its KV-cache invariant)
+            S = step.kv_len
+            if step.uniform and step.contiguous_rows:
+                r0, s0 = step.rows[0], step.starts[0]
+                k_cache[r0 : r0 + B, :, s0 : s0 + T] = k
+                v_cache[r0 : r0 + B, :, s0 : s0 + T] = v
+                keys, values = k_cache[r0 : r0 + B, :, :S], v_cache[r0 : r0 + B, :, :S]
+            else:
+                rows_idx, pos_idx = index
+                heads = torch.arange(Hkv, device=x.device)[None, :, None]
+                k_cache[rows_idx, heads, pos_idx] = k
+                v_cache[rows_idx, heads, pos_idx] = v
+                rows = rows_idx[:, 0, 0]
+                keys, values = k_cache[rows, :, :S], v_cache[rows, :, :S]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=Hkv != H)
+            return self.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
+
+    return QuantAttention
+
+
+def prepare_modelopt() -> None:
+    """Import ModelOpt and register trtspec's modules and the CPU NVFP4 backend (idempotent)."""
+    with quiet():
+        import modelopt.torch.quantization as mtq
+        from modelopt.torch.quantization.nn import QuantModuleRegistry
+
+        from trtspec.quantize import nvfp4_cpu
+
+        if Attention not in QuantModuleRegistry:
+            mtq.register(original_cls=Attention, quantized_cls=_quant_attention_cls())
+        nvfp4_cpu.register()
+
+
+def empty_causal_lm(args: ModelArgs) -> CausalLM:
+    """A CausalLM with uninitialised CPU weights (they are loaded right after)."""
+    with torch.device("meta"):
+        model = CausalLM(args)
+    model = model.to_empty(device="cpu")
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model._rope_len = 0
+    return model
+
+
+def fold_weights(model: CausalLM) -> CausalLM:
+    """Fake-quantize the weights once instead of on every forward (ModelOpt's ``fold_weight``:
+    same numbers; weights are static at inference). Activation and KV quantizers stay active."""
+    import modelopt.torch.quantization as mtq
+
+    with torch.no_grad():
+        mtq.fold_weight(model)
+    return model
+
+
+def causal_lm_from_quantized(qmodel: torch.nn.Module, args: ModelArgs) -> CausalLM:
+    """Rebuild a ModelOpt-quantized HF model's quantizers and weights on our CausalLM (in memory)."""
+    import modelopt.torch.opt as mto
+
+    prepare_modelopt()
+    model = empty_causal_lm(args)
+    with quiet():
+        model = mto.restore_from_modelopt_state(model, mto.modelopt_state(qmodel))
+        model.load_state_dict(qmodel.state_dict())
+        fold_weights(model)
+    return model.eval()
+
+
+def save_state(qmodel: torch.nn.Module, folder: pathlib.Path) -> pathlib.Path:
+    import modelopt.torch.opt as mto
+
+    path = folder / STATE_FILE
+    with quiet():
+        mto.save(qmodel, str(path))
+    return path
+
+
+def load_quantized(
+    folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> CausalLM:
+    """Load a ``trtspec quantize --export torch`` folder as a fake-quantized CausalLM."""
+    import modelopt.torch.opt as mto
+
+    from trtspec.manifest import read_manifest
+
+    folder = pathlib.Path(folder)
+    if not folder.is_dir():
+        raise ModelError(f"quantized model folder not found: {folder}", fix="check the path")
+    m = read_manifest(folder, "quantized")
+    if m.get("export") != "torch":
+        raise ModelError(
+            f"{folder}: a '{m.get('export')}' export is for TRT-LLM, not the torch runtime",
+            fix="quantize with --export torch for the torch runtime",
+        )
+    state = folder / STATE_FILE
+    if not state.is_file():
+        raise ModelError(f"{folder}: {STATE_FILE} is missing", fix="re-run trtspec quantize --export torch")
+    args = ModelArgs.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"))
+    prepare_modelopt()
+    model = empty_causal_lm(args)
+    with quiet():
+        model = mto.restore(model, str(state))
+        fold_weights(model)
+    return model.to(device=device, dtype=dtype).eval()

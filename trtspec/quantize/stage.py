@@ -1,0 +1,407 @@
+"""The quantize stage: ModelOpt PTQ of one model (target or draft), one export, a quality report.
+
+``quantize_model`` is what ``trtspec quantize`` and the pipeline call. Order of work:
+
+  1. validate everything cheap first (folder, architecture, format, refused combinations,
+     calibration file, pair, output folder) so a bad input fails in milliseconds;
+  2. calibrate: the HF model under ModelOpt (``mtq.quantize`` with the format's config);
+  3. into a temporary folder beside OUT: the export (hf | trtllm | torch), ``quality.json``,
+     ``trtspec.json``; renamed to OUT only when all of it succeeded (``atomic_dir``).
+
+Exports (reference/modelopt-cpu.md §2, reference/trtllm-triton.md §1.5):
+
+* ``hf``: the unified HF checkpoint (``export_hf_checkpoint``: ``config.json`` with
+  ``quantization_config``, ``hf_quant_config.json``, safetensors) for TRT-LLM's PyTorch flow
+  (``LLM(model=...)``, ``speculative_model``) and the EAGLE convert path;
+* ``trtllm``: the legacy TRT-LLM checkpoint (``export_tensorrt_llm_checkpoint``, TP=PP=1:
+  ``config.json`` + ``rank0.safetensors``) for ``trtllm-build`` (engine flow);
+* ``torch``: ModelOpt's restorable state (``modelopt_state.pth``) + config + tokenizer, which the
+  torch runtime loads as a fake-quantized model (:func:`trtspec.quantize.runtime.load_quantized`).
+
+Every export gets the tokenizer files next to it, so each folder is self-contained.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import pathlib
+import shutil
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from trtspec.config import Calibration, Quantization
+from trtspec.errors import ConfigError, ModelError, StageError
+from trtspec.manifest import atomic_dir, hash_folder, maybe_manifest, write_manifest
+from trtspec.quantize.calib import TextWindows, calibration_windows, heldout_windows, read_text_file
+from trtspec.quantize.formats import (
+    EXPORTS,
+    FORMATS,
+    check_combination,
+    check_format,
+    check_kv_cache,
+    modelopt_config,
+)
+from trtspec.quantize.quality import QualitySettings, acceptance, compare_logits
+from trtspec.speculative.model import SUPPORTED_ARCHS, CausalLM, ModelArgs, load_causal_lm, read_hf_config
+
+Progress = Callable[[str, int, int, dict], None]  # (phase, step, total, info)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# TRT-LLM checkpoint decoder families (modelopt.torch.export decoder_type)
+DECODER_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen"}
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                   "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja")
+CALIB_BATCH = 4
+
+
+@dataclass
+class QuantizeResult:
+    out_dir: pathlib.Path
+    export: str
+    format: str
+    kv_cache: str
+    role: str
+    manifest: dict
+    quality: dict | None
+    warnings: list[str] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+    log: list[str] = field(default_factory=list)  # ModelOpt's own output (stdout, warnings)
+
+
+# --------------------------------------------------------------------------------------------
+# validation (cheap, before any ModelOpt import)
+
+
+def _check_model_dir(model_dir: pathlib.Path, what: str = "model") -> dict:
+    if not model_dir.is_dir():
+        raise ModelError(f"{what} folder not found: {model_dir}",
+                         fix="pass an HF checkpoint folder (config.json + *.safetensors + tokenizer), e.g. models/tiny-target")
+    cfg = read_hf_config(model_dir)
+    archs = cfg.get("architectures") or []
+    arch = archs[0] if archs else None
+    if arch not in SUPPORTED_ARCHS:
+        raise ModelError(
+            f"{model_dir / 'config.json'}: architectures={archs or cfg.get('model_type')!r} cannot be quantized by "
+            "trtspec: its quality report and torch export run the model in trtspec's runtime, which handles "
+            f"{', '.join(sorted(SUPPORTED_ARCHS))}",
+            fix="use a Llama/Mistral/Qwen2 checkpoint (or ModelOpt's own hf_ptq.py for other architectures)",
+        )
+    if not list(model_dir.glob("*.safetensors")):
+        raise ModelError(f"{model_dir}: no *.safetensors weights", fix="save the model with safetensors (save_pretrained)")
+    return cfg
+
+
+def _resolve_role(role: str, model_dir: pathlib.Path, pair: pathlib.Path | None) -> str:
+    if role != "auto":
+        if role not in ("target", "draft"):
+            raise ConfigError("role", role, "unknown role", fix="use target, draft or auto")
+        return role
+    m = maybe_manifest(model_dir) or {}
+    if m.get("role") in ("target", "draft"):
+        return m["role"]
+    if pair is not None:  # the smaller model of a pair is the draft
+        size = lambda d: sum(f.stat().st_size for f in d.glob("*.safetensors"))  # noqa: E731
+        return "draft" if size(model_dir) < size(pair) else "target"
+    return "target"
+
+
+def _check_out_dir(out: pathlib.Path, model_dir: pathlib.Path, pair: pathlib.Path | None) -> None:
+    for other, name in ((model_dir, "--model"), (pair, "--pair")):
+        if other is not None and out.resolve() == other.resolve():
+            raise ConfigError("out_dir", str(out), f"the output folder is the {name} folder",
+                              fix="write the export to a new folder, e.g. -o out/tiny-target-fp8")
+    if out.exists():
+        m = maybe_manifest(out)
+        if not out.is_dir() or (any(out.iterdir()) and (m is None or m.get("kind") != "quantized")):
+            raise ConfigError("out_dir", str(out),
+                              "exists and is not a trtspec quantized export: refusing to replace it",
+                              fix="choose a new folder, or remove this one yourself")
+
+
+def _resolve_dtype(dtype: str, cfg: dict) -> str:
+    if dtype == "auto":
+        d = cfg.get("dtype") or cfg.get("torch_dtype") or "float32"
+        return d if d in DTYPES else "float32"
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", dtype, "unknown dtype", fix=f"use auto or one of {', '.join(DTYPES)}")
+    return dtype
+
+
+def _check_calibration(cal: Calibration) -> None:
+    if cal.dataset != "builtin":
+        read_text_file(pathlib.Path(cal.dataset))  # missing/empty/bad JSONL fail here, before any work
+
+
+# --------------------------------------------------------------------------------------------
+# calibration, export
+
+
+def _calibrate(hf_model, cfg: dict, calib: TextWindows, device: torch.device, progress: Progress | None):
+    import modelopt.torch.quantization as mtq
+
+    ids = calib.ids.to(device)
+    n = ids.shape[0]
+
+    def forward_loop(model) -> None:
+        # AWQ calls this several times (cache inputs, then search); each pass reports 1..n
+        for i in range(0, n, CALIB_BATCH):
+            model(input_ids=ids[i : i + CALIB_BATCH])
+            if progress:
+                progress("calibrate", min(i + CALIB_BATCH, n), n, {})
+
+    with torch.inference_mode(False), torch.no_grad():
+        return mtq.quantize(hf_model, cfg, forward_loop)
+
+
+def _copy_tokenizer(src: pathlib.Path, dest: pathlib.Path) -> list[str]:
+    copied = []
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file() and not (dest / name).exists():
+            shutil.copy2(src / name, dest / name)
+            copied.append(name)
+    return copied
+
+
+def _export(qmodel, export: str, tmp: pathlib.Path, *, model_dir: pathlib.Path, arch: str, dtype: str) -> dict:
+    """Write ``export`` into ``tmp``; returns what the manifest records about it."""
+    info: dict = {}
+    if export == "hf":
+        from modelopt.torch.export import export_hf_checkpoint
+
+        # export real-quantizes the weights in place: always export a copy
+        with torch.inference_mode():
+            export_hf_checkpoint(copy.deepcopy(qmodel), export_dir=str(tmp))
+        hq = json.loads((tmp / "hf_quant_config.json").read_text())
+        info["quant_algo"] = hq["quantization"].get("quant_algo")
+        info["kv_cache_quant_algo"] = hq["quantization"].get("kv_cache_quant_algo")
+        info["checkpoint_dtype"] = dtype
+        info["consumers"] = ["trtllm-pytorch (LLM(model=...), speculative_model)", "EAGLE convert path", "vLLM/SGLang quantization=modelopt"]
+    elif export == "trtllm":
+        from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+        # TRT-LLM builds fp16/bf16 engines; an fp32 checkpoint is exported as fp16
+        ckpt_dtype = dtype if dtype in ("float16", "bfloat16") else "float16"
+        with torch.inference_mode():
+            export_tensorrt_llm_checkpoint(
+                copy.deepcopy(qmodel), decoder_type=DECODER_TYPES[arch], dtype=DTYPES[ckpt_dtype],
+                export_dir=str(tmp), inference_tensor_parallel=1, inference_pipeline_parallel=1,
+            )
+        cfg = json.loads((tmp / "config.json").read_text())
+        info["quant_algo"] = cfg["quantization"].get("quant_algo")
+        info["kv_cache_quant_algo"] = cfg["quantization"].get("kv_cache_quant_algo")
+        info["checkpoint_dtype"] = ckpt_dtype
+        info["tensor_parallel"] = info["pipeline_parallel"] = 1
+        info["consumers"] = ["trtllm-build --checkpoint_dir (TRT-LLM <= 1.2 engine flow)"]
+    else:
+        from trtspec.quantize.runtime import save_state
+
+        save_state(qmodel, tmp)
+        for name in ("config.json", "generation_config.json"):
+            if (model_dir / name).is_file():
+                shutil.copy2(model_dir / name, tmp / name)
+        info["checkpoint_dtype"] = dtype
+        info["consumers"] = ["trtspec torch runtime (fake-quant; trtspec.quantize.runtime.load_quantized)"]
+    return info
+
+
+# --------------------------------------------------------------------------------------------
+# the stage
+
+
+def make_quantization(
+    format: str, kv_cache: str = "none", *, calib: str = "builtin", calib_size: int = 64,
+    calib_seq_len: int = 128, force: bool = False,
+) -> Quantization:
+    """A validated :class:`trtspec.config.Quantization` from plain values (CLI, scripts);
+    problems raise ``ConfigError`` naming the recipe field."""
+    from pydantic import ValidationError
+
+    check_format(format)
+    check_kv_cache(kv_cache)
+    try:
+        return Quantization(format=format, kv_cache=kv_cache, force=force,
+                            calibration=Calibration(dataset=calib, size=calib_size, seq_len=calib_seq_len))
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        name = {"size": "calib_size", "seq_len": "calib_seq_len"}.get(str(err["loc"][-1]), str(err["loc"][-1]))
+        raise ConfigError(f"quantization.calibration.{err['loc'][-1]}", err.get("input"), err["msg"],
+                          fix=f"check --{name.replace('_', '-')}") from None
+
+
+def quantize_model(
+    model_dir: str | os.PathLike,
+    quantization: Quantization,
+    export: str,
+    out_dir: str | os.PathLike,
+    *,
+    role: str = "auto",
+    pair: str | os.PathLike | None = None,
+    gpu_arch: str = "any",
+    dtype: str = "auto",
+    device: str = "cpu",
+    tokenizer: str | os.PathLike | None = None,
+    quality: QualitySettings | None = QualitySettings(),
+    threads: int | None = None,
+    progress: Progress | None = None,
+) -> QuantizeResult:
+    """Quantize ``model_dir`` with ``quantization`` and write ``export`` to ``out_dir``.
+
+    ``role``: target | draft | auto (the folder's manifest role, else the larger of the model and
+    ``pair`` is the target). ``pair``: the counterpart model (the draft when quantizing the target
+    and vice versa) for the acceptance measurement. ``gpu_arch``: the deployment GPU family, for
+    the refusals (e.g. nvfp4 on hopper). ``quality=None`` skips the quality report.
+    """
+    t_start = time.perf_counter()
+    model_dir = pathlib.Path(model_dir)
+    out = pathlib.Path(out_dir)
+    pair_dir = pathlib.Path(pair) if pair is not None else None
+    fmt, kv = quantization.format, quantization.kv_cache
+    if fmt == "none":
+        raise ConfigError("quantization.format", fmt, "nothing to quantize",
+                          fix=f"use one of: {', '.join(FORMATS)}")
+    check_format(fmt)
+    if export not in EXPORTS:
+        raise ConfigError("export", export, "unknown export", fix=f"use one of: {', '.join(EXPORTS)}")
+    cfg = _check_model_dir(model_dir)
+    arch = cfg["architectures"][0]
+    if pair_dir is not None:
+        pair_cfg = _check_model_dir(pair_dir, "--pair model")
+        if pair_cfg.get("vocab_size") != cfg.get("vocab_size"):
+            raise ConfigError("pair", str(pair_dir),
+                              f"vocab_size {pair_cfg.get('vocab_size')} differs from the model's {cfg.get('vocab_size')}: "
+                              "draft and target must share a tokenizer", fix="pass the model's draft/target counterpart")
+    role = _resolve_role(role, model_dir, pair_dir)
+    warnings = check_combination(fmt, kv, role=role, export=export, gpu_arch=gpu_arch, force=quantization.force)
+    _check_calibration(quantization.calibration)
+    _check_out_dir(out, model_dir, pair_dir)
+    dtype = _resolve_dtype(dtype, cfg)
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", device, "CUDA requested but torch sees no GPU", fix="use --device cpu")
+
+    prev_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    log: list[str] = []
+    timings: dict[str, float] = {}
+    try:
+        from trtspec.quantize.runtime import causal_lm_from_quantized, prepare_modelopt, quiet
+
+        def phase(name: str, t0: float) -> None:
+            timings[name] = round(time.perf_counter() - t0, 2)
+
+        t0 = time.perf_counter()
+        if progress:
+            progress("load", 0, 1, {"model": str(model_dir)})
+        prepare_modelopt()
+        with quiet(log):
+            import modelopt
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(str(tokenizer or model_dir))
+            cal = quantization.calibration
+            calib = calibration_windows(cal.dataset, tok, cal.size, cal.seq_len)
+            hf_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(dev).eval()
+        if progress:
+            progress("load", 1, 1, {})
+        phase("load_s", t0)
+
+        t0 = time.perf_counter()
+        with quiet(log):
+            qcfg = modelopt_config(fmt, kv, nvfp4_cpu=dev.type == "cpu")
+            qmodel = _calibrate(hf_model, qcfg, calib, dev, progress)
+        phase("calibrate_s", t0)
+        if calib.ids.shape[0] < cal.size:
+            warnings.append(f"calibration text gave {calib.ids.shape[0]} windows of {cal.seq_len} tokens, "
+                            f"fewer than calib_size={cal.size}")
+
+        args = ModelArgs.from_hf_config(cfg, where=str(model_dir / "config.json"))
+        with atomic_dir(out) as tmp:
+            t0 = time.perf_counter()
+            if progress:
+                progress("export", 0, 1, {"export": export})
+            with quiet(log):
+                info = _export(qmodel, export, tmp, model_dir=model_dir, arch=arch, dtype=dtype)
+            info["tokenizer_files"] = _copy_tokenizer(pathlib.Path(tokenizer or model_dir), tmp)
+            if progress:
+                progress("export", 1, 1, {})
+            phase("export_s", t0)
+
+            report = None
+            if quality is not None:
+                t0 = time.perf_counter()
+                report = _quality(qmodel, args, model_dir, pair_dir, role, tok, dtype, dev, quality, progress,
+                                  causal_lm_from_quantized, log)
+                report.update({"model": str(model_dir.resolve()), "format": fmt, "kv_cache": kv, "export": export,
+                               "role": role, "dtype": dtype, "calibration": calib.description})
+                (tmp / "quality.json").write_text(json.dumps(report, indent=2) + "\n")
+                phase("quality_s", t0)
+
+            timings["total_s"] = round(time.perf_counter() - t_start, 2)
+            manifest = write_manifest(
+                tmp, "quantized",
+                export=export, format=fmt, kv_cache=kv, role=role,
+                source={"path": str(model_dir.resolve()), "sha256": hash_folder(model_dir), "architecture": arch},
+                modelopt_version=modelopt.__version__,
+                modelopt_config=qcfg,
+                calibration=calib.description,
+                dtype=dtype, device=str(dev), gpu_arch=gpu_arch, forced=quantization.force,
+                **info,
+                quality=_summary(report),
+                warnings=warnings,
+                timings=timings,
+            )
+        return QuantizeResult(out, export, fmt, kv, role, manifest, report, warnings, timings, log)
+    except (ModelError, ConfigError, StageError):
+        raise
+    except Exception as e:  # noqa: BLE001 - ModelOpt/transformers failures become one stage error
+        raise StageError(
+            f"quantize {model_dir} → {fmt} ({export}) failed: {type(e).__name__}: {e}",
+            fix="re-run with --debug for the traceback; no output folder was written",
+        ) from e
+    finally:
+        torch.set_num_threads(prev_threads)
+
+
+def _quality(qmodel, args, model_dir, pair_dir, role, tok, dtype, dev, s: QualitySettings, progress,
+             to_causal, log) -> dict:
+    from trtspec.prompts import stdlib_snippets
+    from trtspec.quantize.runtime import quiet
+
+    base = load_causal_lm(model_dir, dtype=DTYPES[dtype], device=dev)
+    quant = to_causal(qmodel, args).to(dev)
+    with quiet(log):
+        held = heldout_windows(tok, s.eval_windows, s.eval_seq_len)
+    report: dict = {"heldout": held.description, "settings": s.to_dict()}
+    report.update(compare_logits(base, quant, held.ids, batch_size=s.batch_size, progress=progress))
+    # our runtime's fake-quant against ModelOpt's own (the HF model it calibrated), same input
+    with torch.inference_mode():
+        x = held.ids[:1].to(dev)
+        ref = qmodel(input_ids=x).logits.float()
+        ours = quant(x, None).float()
+    report["runtime_vs_modelopt_max_abs_diff"] = float((ref - ours).abs().max())
+    if pair_dir is not None:
+        pair = load_causal_lm(pair_dir, dtype=DTYPES[dtype], device=dev)
+        with quiet(log):
+            prompts = [tok(p, add_special_tokens=False)["input_ids"][: s.prompt_tokens] for p in stdlib_snippets(s.prompts)]
+        report["acceptance"] = {"pair": str(pair_dir.resolve()), "prompts": "builtin:stdlib (held-out)",
+                                **acceptance(quantized_role=role, base=base, quant=quant, pair=pair,
+                                             prompts=prompts, settings=s, progress=progress)}
+    return report
+
+
+def _summary(report: dict | None) -> dict | None:
+    if report is None:
+        return None
+    keys = ("top1_agreement", "kl_divergence", "perplexity_change_pct")
+    out = {k: round(report[k], 6) for k in keys}
+    acc = report.get("acceptance")
+    if acc:
+        out["acceptance_before"] = acc["before"]["acceptance_rate"]
+        out["acceptance_after"] = acc["after"]["acceptance_rate"]
+    return out
