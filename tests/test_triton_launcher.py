@@ -1,0 +1,147 @@
+"""The server launcher on a real tritonserver with tiny hand-written python models (fast stubs):
+readiness, clean stop, model-load failures named with their reason, a hanging stub bounded by
+the readiness timeout, a busy port, and `trtspec serve` stopped by SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from trtspec.errors import ServerError
+from trtspec.triton.server import TritonServer, model_failures, models_still_loading
+
+ECHO_CONFIG = """name: "{name}"
+backend: "python"
+max_batch_size: 0
+input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+ECHO_MODEL = """import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        {init}
+
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
+                for r in requests]
+"""
+
+
+def model(repo: pathlib.Path, name: str, init: str = "pass") -> pathlib.Path:
+    d = repo / name
+    (d / "1").mkdir(parents=True)
+    (d / "config.pbtxt").write_text(ECHO_CONFIG.format(name=name))
+    (d / "1" / "model.py").write_text(ECHO_MODEL.format(init=init))
+    return d
+
+
+def group_alive(pgid: int, wait: float = 10.0) -> bool:
+    """Whether any process of the group is left (killed processes need a moment to be reaped)."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.1)
+
+
+def test_start_ready_stop_cleans_up(tmp_path):
+    model(tmp_path / "repo", "echo")
+    with TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=60) as s:
+        with urllib.request.urlopen(f"{s.endpoints.http}/v2/models/echo/ready", timeout=5) as r:
+            assert r.status == 200
+        assert s.endpoints.host == "127.0.0.1"
+        assert list(pathlib.Path("/dev/shm").glob(s.shm_prefix + "*"))
+        pgid = s.proc.pid
+    assert s.returncode == 0  # SIGTERM: graceful
+    assert not list(pathlib.Path("/dev/shm").glob(s.shm_prefix + "*"))
+    assert not group_alive(pgid)
+
+
+def test_model_that_fails_to_load_is_named_with_its_reason(tmp_path):
+    model(tmp_path / "repo", "echo")
+    model(tmp_path / "repo", "broken", init='raise ValueError("tokenizer folder /nope is missing")')
+    with pytest.raises(ServerError) as e:
+        TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=60).start()
+    msg = str(e.value)
+    assert "broken:" in msg and "tokenizer folder /nope is missing" in msg
+    assert "echo:" not in msg
+    assert "tritonserver.log" in msg  # where to read more
+
+
+def test_stub_that_cannot_start_times_out_instead_of_hanging(tmp_path):
+    d = model(tmp_path / "repo", "hang")
+    stub = d / "triton_python_backend_stub"  # a per-model stub that never connects back
+    stub.write_text("#!/bin/sh\nexec sleep 600\n")
+    stub.chmod(0o755)
+    server = TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=6)
+    t0 = time.monotonic()
+    with pytest.raises(ServerError, match=r"not ready within 6 s(?s:.*)still loading: hang"):
+        server.start()
+    assert time.monotonic() - t0 < 40
+    assert not server.running and not group_alive(server.proc.pid)  # the whole group was killed
+
+
+def test_busy_port_is_a_clear_error(tmp_path):
+    model(tmp_path / "repo", "echo")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ServerError, match="already in use"):
+            TritonServer(tmp_path / "repo", workdir=tmp_path / "w", grpc_port=port, ready_timeout=60).start()
+
+
+def test_missing_repository(tmp_path):
+    with pytest.raises(ServerError, match="does not exist"):
+        TritonServer(tmp_path / "nope")
+
+
+def test_log_parsing():
+    log = "\n".join([
+        'I1202 model_lifecycle.cc:472] "loading: preprocessing:1"',
+        'I1202 model_lifecycle.cc:472] "loading: tensorrt_llm:1"',
+        'I1202 model_lifecycle.cc:839] "successfully loaded \'preprocessing\'"',
+        "E1202 model_lifecycle.cc:642] \"failed to load 'tensorrt_llm' version 1: Internal: ModelError: no such file\"",
+        "| router | 1 | UNAVAILABLE: Internal: boom |",
+    ])
+    assert model_failures(log) == {"tensorrt_llm": 'Internal: ModelError: no such file"', "router": "Internal: boom"}
+    assert models_still_loading(log) == []
+    assert models_still_loading('"loading: a:1"\n"loading: b:1"\n"successfully loaded \'a\'"') == ["b"]
+
+
+def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
+    model(tmp_path / "repo", "echo")
+    trtspec = pathlib.Path(sys.executable).parent / "trtspec"
+    proc = subprocess.Popen([str(trtspec), "serve", str(tmp_path / "repo"), "--json", "--ready-timeout", "60"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        endpoints = json.loads(proc.stdout.readline())
+        assert endpoints["grpc"].startswith("127.0.0.1:")
+        with urllib.request.urlopen(endpoints["http"] + "/v2/health/ready", timeout=5) as r:
+            assert r.status == 200
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err
+    assert "stopped (tritonserver exit code 0)" in err
+    with pytest.raises(OSError):
+        urllib.request.urlopen(endpoints["http"] + "/v2/health/live", timeout=2)

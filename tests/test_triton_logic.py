@@ -1,0 +1,204 @@
+"""The python-backend models' logic, in-process: streaming detokenization, the router's policy,
+request parsing and the preprocessing limits. (The same code runs in tritonserver's stubs.)"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from trtspec.triton.backend_tokenizer import Preprocessing, Tokenizer
+from trtspec.triton.detok import DetokWindow, text_delta
+from trtspec.triton.requests import RequestInputError, engine_inputs, parse_generation
+from trtspec.triton.routing import RoutingPolicy, acceptance_rate_at
+
+# ------------------------------------------------------------------------------ detokenization
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_target):
+    return Tokenizer(str(tiny_target))
+
+
+TEXT = 'def f(x):\n    """Grüße, 你好 — naïve café ✓"""\n    return x  # 😀 done\n'
+
+
+def _stream(decode, ids, chunks):
+    window, out, pos = DetokWindow(), [], 0
+    for i, n in enumerate(chunks):
+        new = ids[pos:pos + n]
+        pos += n
+        w, ctx = window.next(new)
+        out.append(text_delta(decode, w, ctx, final=pos >= len(ids)))
+    return out
+
+
+def test_streamed_deltas_concatenate_to_the_full_decode(tok):
+    ids = tok.encode(TEXT, False)
+    full = tok.decode(ids)
+    assert full == TEXT
+    rng = random.Random(0)
+    for _ in range(50):
+        chunks, left = [], len(ids)
+        while left:
+            n = min(left, rng.choice([1, 1, 2, 3, 5]))
+            chunks.append(n)
+            left -= n
+        parts = _stream(tok.decode, ids, chunks)
+        assert "".join(parts) == full
+        assert all("\ufffd" not in p for p in parts)  # incomplete characters are held back
+
+
+def test_token_by_token_decoding_would_break_characters(tok):
+    ids = tok.encode("你好", False)
+    assert len(ids) > 2 and "".join(tok.decode([i]) for i in ids) != "你好"  # why detok windows exist
+
+
+def test_hf_tokenizer_agrees_with_the_rust_one(tiny_target, tok):
+    from transformers import AutoTokenizer
+
+    hf = AutoTokenizer.from_pretrained(tiny_target)
+    ids = hf(TEXT, add_special_tokens=False)["input_ids"]
+    assert tok.encode(TEXT, False) == ids
+    assert tok.decode(ids + [hf.eos_token_id]) == hf.decode(ids + [hf.eos_token_id], skip_special_tokens=True)
+
+
+def test_detok_window_echoes_the_prompt_when_asked():
+    w = DetokWindow(prefix=[5, 6, 7], context=2)
+    assert w.next([8]) == ([5, 6, 7, 8], 0)
+    assert w.next([9, 10]) == ([7, 8, 9, 10], 2)
+
+
+# ------------------------------------------------------------------------------ routing policy
+
+
+def test_fraction_split_is_exact():
+    p = RoutingPolicy(0.25)
+    d = [p.route() for _ in range(100)]
+    assert sum(x.speculative for x in d) == 25
+    assert [x.speculative for x in d[:8]] == [False, False, False, True] * 2
+    assert all(RoutingPolicy(1.0).route().speculative for _ in range(10))
+    assert not any(RoutingPolicy(0.0).route().speculative for _ in range(10))
+    assert RoutingPolicy(1.0, has_speculative=False).route().reason == "no-speculative-model"
+
+
+def test_fallback_engages_probes_and_recovers():
+    p = RoutingPolicy(1.0, min_acceptance_rate=0.5, window=40, probe_every=4)
+    p.record_speculative(drafted=20, accepted=15)  # 0.75: fine
+    assert not p.fallback_active
+    p.record_speculative(drafted=40, accepted=4)  # the window now holds only this: 0.1
+    assert p.fallback_active and p.rolling_acceptance == pytest.approx(0.1)
+    reasons = [p.route().reason for _ in range(8)]
+    assert reasons == ["fallback"] * 3 + ["probe"] + ["fallback"] * 3 + ["probe"]
+    p.record_speculative(drafted=40, accepted=36)  # a probe that went well pushes the bad data out
+    assert not p.fallback_active
+    assert p.route().reason == "speculative"
+
+
+def test_fallback_waits_for_enough_draft_tokens():
+    p = RoutingPolicy(1.0, min_acceptance_rate=0.5, window=64)
+    p.record_speculative(drafted=8, accepted=0)
+    assert not p.fallback_active  # 8 < window/4 draft tokens: too little evidence
+    p.record_speculative(drafted=8, accepted=0)
+    assert p.fallback_active
+
+
+def test_break_even_from_measured_costs():
+    from trtspec.speculative.stats import break_even_acceptance
+
+    p = RoutingPolicy(1.0, window=16)
+    assert p.break_even is None
+    # drafting costs 0.2 target steps per token; verifying 4+1 tokens costs 1.2 steps
+    p.record_baseline({"target_passes": 10, "verify_s": 0.10})  # 10 ms per target step
+    p.record_speculative(40, 30, {"target_passes": 10, "draft_s": 0.08, "verify_s": 0.12})
+    alpha = break_even_acceptance(0.2, 4, 1.2)
+    assert p.break_even == pytest.approx(acceptance_rate_at(alpha, 4))
+    assert not p.fallback_active  # 0.75 accepted beats break-even at these costs
+    # an expensive draft: speculation cannot pay at this acceptance
+    q = RoutingPolicy(1.0, window=16)
+    q.record_baseline({"target_passes": 10, "verify_s": 0.10})
+    q.record_speculative(40, 12, {"target_passes": 10, "draft_s": 0.32, "verify_s": 0.12})
+    assert q.fallback_active and q.break_even > 0.3
+
+
+def test_acceptance_rate_at():
+    assert acceptance_rate_at(1.0, 4) == 1.0
+    assert acceptance_rate_at(0.5, 2) == pytest.approx((0.5 + 0.25) / 2)
+    assert acceptance_rate_at(0.9, 0) == 0.0
+
+
+# ------------------------------------------------------------------------------ request parsing
+
+
+def _get(**tensors):
+    return lambda name: tensors.get(name)
+
+
+def one(v, dtype):
+    return np.array([[v]], dtype=dtype)
+
+
+def test_parse_generation_reads_the_tensorrtllm_inputs():
+    req = parse_generation(_get(
+        input_ids=np.array([[5, 6, 7, 0]], np.int32), input_lengths=one(3, np.int32),
+        request_output_len=one(9, np.int32), streaming=one(True, bool), temperature=one(0.7, np.float32),
+        runtime_top_k=one(5, np.int32), runtime_top_p=one(0.9, np.float32), seed=one(3, np.uint64),
+        end_id=one(2, np.int32), pad_id=one(-1, np.int32), draft_input_ids=np.array([[8, 9]], np.int32),
+    ))
+    assert req.input_ids == [5, 6, 7] and req.max_tokens == 9 and req.streaming
+    assert (req.temperature, req.top_k, req.top_p, req.seed) == (pytest.approx(0.7), 5, pytest.approx(0.9), 3)
+    assert req.end_id == 2 and req.pad_id is None and req.draft_input_ids == [8, 9]
+    assert req.sampling_params().stop_token_ids == (2,)
+    t = engine_inputs(req, with_drafts=False)
+    assert t["input_ids"].tolist() == [[5, 6, 7]] and "draft_input_ids" not in t
+    assert t["return_perf_metrics"].tolist() == [[True]]
+
+
+@pytest.mark.parametrize("tensors, message", [
+    ({}, "input 'input_ids' is missing"),
+    ({"input_ids": np.array([[1, 2]], np.int32)}, "request_output_len' is missing"),
+    ({"input_ids": np.zeros((2, 3), np.int32), "request_output_len": one(4, np.int32)}, "batch size 2"),
+    ({"input_ids": np.array([[1]], np.int32), "input_lengths": one(0, np.int32),
+      "request_output_len": one(4, np.int32)}, "prompt is empty"),
+    ({"input_ids": np.array([[1]], np.int32), "request_output_len": one(0, np.int32)}, "must be >= 1"),
+    ({"input_ids": np.array([[1]], np.int32), "request_output_len": one(4, np.int32),
+      "temperature": one(np.nan, np.float32)}, "temperature must be a finite number"),
+    ({"input_ids": np.array([[1]], np.int32), "request_output_len": one(4, np.int32),
+      "runtime_top_p": one(0.0, np.float32)}, "top_p must be in"),
+])
+def test_parse_generation_rejects_bad_requests(tensors, message):
+    with pytest.raises(RequestInputError, match=message):
+        parse_generation(_get(**tensors))
+
+
+def test_router_leaves_sampling_checks_to_the_engine():
+    req = parse_generation(_get(input_ids=np.array([[1]], np.int32), request_output_len=one(4, np.int32),
+                                temperature=one(-1.0, np.float32)), check_sampling=False)
+    assert req.temperature == -1.0
+
+
+# ------------------------------------------------------------------------------ preprocessing limits
+
+
+@pytest.fixture(scope="module")
+def pre(tiny_target):
+    p = Preprocessing()
+    params = {"tokenizer_dir": str(tiny_target), "add_special_tokens": "false", "max_input_len": "16",
+              "max_seq_len": "40", "default_max_tokens": "8", "end_id": "0", "pad_id": "1"}
+    p.initialize({"model_config": json.dumps({"parameters": {k: {"string_value": v} for k, v in params.items()}})})
+    return p
+
+
+def test_preprocessing_limits(pre):
+    ids, mt = pre.tokenize("import os\n", None)
+    assert ids and mt == 8
+    with pytest.raises(RequestInputError, match="text_input is empty"):
+        pre.tokenize("", None)
+    with pytest.raises(RequestInputError, match="max_input_len is 16"):
+        pre.tokenize("x = 1\n" * 20, None)
+    with pytest.raises(RequestInputError, match="max_tokens must be >= 1"):
+        pre.tokenize("x", 0)
+    with pytest.raises(RequestInputError, match=r"(?s)exceeds max_seq_len 40.*at most 37"):
+        pre.tokenize("import os\n", 39)
