@@ -492,6 +492,94 @@ def build(config: str, out_dir: str | None, dry_run: bool, examples_dir: str | N
 
 
 # --------------------------------------------------------------------------------------------
+# package / serve (Triton)
+
+
+@main.command()
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="New folder for the model repository.")
+@click.option("--build-dir", type=click.Path(file_okay=False), default=None,
+              help="TRT-LLM runtimes: the folder `trtspec build` wrote (default: build/<recipe name>).")
+@click.option("--target", type=click.Path(file_okay=False), default=None,
+              help="torch runtime: serve this target folder instead of the recipe's (e.g. a quantized export).")
+@click.option("--draft", type=click.Path(file_okay=False), default=None,
+              help="torch runtime: serve this draft / head folder instead of the recipe's.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the repository's manifest as JSON.")
+@handle_errors
+def package(config: str, out_dir: str, build_dir: str | None, target: str | None, draft: str | None,
+            force: bool, as_json: bool) -> None:
+    """Render a Triton model repository for a recipe (templates in model_repository/).
+
+    \b
+    ensemble           text in/out, the speculative path (router with fallback to the baseline)
+    ensemble_baseline  text in/out, ordinary decoding
+    Every config.pbtxt is checked against Triton's schema; the folder carries trtspec.json.
+    """
+    from trtspec.config import load_recipe
+    from trtspec.triton.render import package as render_package
+
+    recipe = load_recipe(config)
+    if recipe.runtime.backend != "torch" and build_dir is None:
+        build_dir = os.path.join("build", recipe.name)
+    res = render_package(recipe, out_dir, target=target, draft=draft, build_dir=build_dir, overwrite=force)
+    if as_json:
+        click.echo(json.dumps(res.manifest, indent=2, default=str))
+        return
+    table = Table(title=f"trtspec package → {res.path}")
+    table.add_column("model")
+    table.add_column("role")
+    for name, role in res.models.items():
+        table.add_row(name, role)
+    out.print(table)
+    out.print(f"serve it: trtspec serve {res.path}")
+
+
+@main.command()
+@click.argument("repo", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default=None, help="Address to bind (default: the recipe's serving.host, 127.0.0.1).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
+@click.option("--ready-timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds to wait for every model to load (default: serving.ready_timeout_s, 180).")
+@click.option("--json", "as_json", is_flag=True, help="Print the endpoints as one JSON line when ready.")
+@handle_errors
+def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
+          ready_timeout: float | None, as_json: bool) -> None:
+    """Serve a model repository with tritonserver until Ctrl-C or SIGTERM.
+
+    Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
+    Models are decoupled: clients use the gRPC streaming API (unary ModelInfer is rejected).
+    """
+    from trtspec.triton.render import read_repository_manifest
+    from trtspec.triton.server import server_for_repository
+
+    server = server_for_repository(repo, host=host, grpc_port=grpc_port, http_port=http_port,
+                                   metrics_port=metrics_port, ready_timeout=ready_timeout)
+    err.print(f"starting tritonserver on {repo} ...")
+    with server:
+        e = server.endpoints
+        if as_json:
+            click.echo(json.dumps({**e.to_dict(), "log": str(server.log_path)}), nl=True)
+            sys.stdout.flush()
+        else:
+            out.print(f"[green]ready[/]: {repo}")
+            out.print(f"  gRPC     {e.grpc}")
+            out.print(f"  HTTP     {e.http}")
+            out.print(f"  metrics  {e.metrics}")
+            models = (read_repository_manifest(repo) or {}).get("entry_points")
+            if models:
+                out.print(f"  models   {models['speculative']} (speculative path), {models['baseline']} (baseline)")
+            out.print(f"  log      {server.log_path}")
+            out.print("[dim]Ctrl-C to stop[/]")
+        server.serve_forever()
+        err.print("stopping (draining in-flight requests) ...")
+    err.print(f"stopped (tritonserver exit code {server.returncode})")
+
+
+# --------------------------------------------------------------------------------------------
 # bench / validate (over gRPC against a running server)
 
 
