@@ -62,18 +62,18 @@ def test_plain_decoding_matches_huggingface_generate(tiny_target, prompts, plain
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(tiny_target, dtype=torch.float32).eval()
-    for p, ours in list(zip(prompts, plain_outputs))[:6]:
+    for p, ours in list(zip(prompts, plain_outputs))[:3]:
         out = hf.generate(torch.tensor([p]), max_new_tokens=40, do_sample=False, pad_token_id=1)
         theirs = out[0, len(p) :].tolist()
         assert ours == theirs[: len(ours)]
 
 
-@pytest.mark.parametrize("k", [1, 4])
-def test_draft_target_greedy_is_token_identical(pair, prompts, plain_outputs, k):
+@pytest.mark.parametrize("k,n_prompts", [(1, 12), (4, 52)])
+def test_draft_target_greedy_is_token_identical(pair, prompts, plain_outputs, k, n_prompts):
     target, draft = pair
     eng = Engine(target, DraftModelProposer(draft, 8, 1100), max_draft_len=k, max_batch_size=8)
-    outs = eng.generate(prompts, GREEDY)
-    assert [o.token_ids for o in outs] == plain_outputs
+    outs = eng.generate(prompts[:n_prompts], GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs[:n_prompts]
     agg = Aggregate()
     for o in outs:
         agg.add(o.stats)
@@ -147,8 +147,8 @@ def test_sampled_speculation_matches_target_distribution(pair, tokenizer):
             p3 = probs(prompt + [x1, x2])
             for x3 in p3.nonzero().flatten().tolist():
                 exact[(x1, x2, x3)] = float(p1[x1] * p2[x2] * p3[x3])
-    n = 1500
-    eng = Engine(target, DraftModelProposer(draft, 8, 1100), max_draft_len=2, max_batch_size=8)
+    n = 1200
+    eng = Engine(target, DraftModelProposer(draft, 16, 64), max_draft_len=2, max_batch_size=16, max_seq_len=48)
     outs = eng.generate([prompt] * n, [SamplingParams(**params_kw, seed=i) for i in range(n)])
     counts: dict = {}
     for o in outs:
@@ -171,12 +171,12 @@ def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair
     bad = CausalLM(_model_args(s.draft, s, target.args.eos_token_id))
     _init(bad, 12345)
     bad.eval()
-    params = SamplingParams(max_new_tokens=64)
+    params = SamplingParams(max_new_tokens=48)
     fixed = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1)
     adaptive = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1,
                       adaptive=True, adaptive_window=16)
-    a = fixed.generate(prompts[:3], params)
-    b = adaptive.generate(prompts[:3], params)
+    a = fixed.generate(prompts[:2], params)
+    b = adaptive.generate(prompts[:2], params)
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     drafted_fixed = sum(x.stats.drafted for x in a)
     drafted_adaptive = sum(x.stats.drafted for x in b)
