@@ -1,0 +1,481 @@
+"""Kubernetes manifests for a recipe: the speculative deployment beside its baseline, behind a
+weighted traffic split (``trtspec deploy k8s``).
+
+What one call writes into a fresh folder ``OUT`` (atomically, with ``OUT/trtspec.json``)::
+
+    repository/            Triton repository of the speculative track (`trtspec package`)
+    repository-baseline/   the same models with the router sending no traffic to speculation:
+                           the baseline track is the same pod, so the A/B compares like with like
+    k8s/pvc.yaml           the volume both tracks read the repositories, engines and tokenizer from
+    k8s/speculative.yaml   Deployment + Service + HorizontalPodAutoscaler of the speculative track
+    k8s/baseline.yaml      the same for the baseline track
+    k8s/service.yaml       the stable entry point clients use (both tracks)
+    k8s/virtualservice.yaml  Istio VirtualService: the baseline/speculative weights (gRPC and HTTP)
+    prometheus-adapter-values.yaml  the custom metrics the autoscalers read (Helm values)
+    rollout.sh             ./rollout.sh PERCENT: shift traffic; ./rollout.sh 0 rolls back at once
+
+Every pod runs NVIDIA's Triton container (``runtime.trtllm.container_image``, or ``--image``) with
+the command :mod:`trtspec.triton.mpi` plans (mpirun over the engine's ranks for TRT-LLM engines),
+asks for as many GPUs as that plan uses (``nvidia.com/gpu``), mounts the volume read-only at the
+same path the build used, and is probed on Triton's ``/v2/health/ready`` and ``/v2/health/live``.
+Autoscaling reads Triton's own metrics through prometheus-adapter: requests waiting in the pod's
+queues (``nv_inference_pending_request_count``) and the average queue time per request
+(``nv_inference_queue_duration_us``).
+
+Why Istio for the split: one VirtualService carries the weights for gRPC and HTTP alike, in-mesh
+clients need no gateway, and its schema can be checked offline (tests/test_scaleout_k8s.py). Without
+Istio the entry Service still works and spreads requests over both tracks by pod count.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pathlib
+import re
+import shlex
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import yaml
+
+from trtspec.errors import ConfigError, StageError
+from trtspec.manifest import atomic_dir, write_manifest
+from trtspec.triton.mpi import Layout, launch_plan, layout_for
+
+KIND = "k8s-deployment"
+TRACKS = ("speculative", "baseline")
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+TRACK_LABEL = "trtspec/track"
+NAME_LABEL = "app.kubernetes.io/name"
+PENDING_METRIC = "trtspec_pending_requests"  # custom metric names prometheus-adapter serves (values file)
+QUEUE_METRIC = "trtspec_queue_time_ms"
+EXIT_TIMEOUT_S = 30  # tritonserver drains in-flight requests this long on SIGTERM
+
+_DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    """Deployment choices the recipe does not make (each is a ``trtspec deploy k8s`` option)."""
+
+    name: str | None = None  # object name prefix; default: the recipe name made DNS-safe
+    namespace: str = "default"
+    image: str | None = None  # default: runtime.trtllm.container_image
+    mount_path: str = "/workspace"  # where the volume is mounted, in the pods and where the build ran
+    pvc: str | None = None  # an existing claim; None: k8s/pvc.yaml makes <name>-models
+    storage: str = "1Ti"
+    storage_class: str | None = None
+    replicas: int = 1  # per track: the starting count and the autoscaler's minimum
+    max_replicas: int = 4
+    speculative_weight: int = 0  # percent of traffic to the speculative track at first
+    target_pending_requests: int | None = None  # per pod; default: limits.max_batch_size
+    target_queue_ms: float = 100.0
+    shm_size: str = "16Gi"  # /dev/shm: the python backend's tensors and NCCL between ranks
+    cpu: str | None = None  # per pod requests, e.g. "8" and "64Gi" (default: none)
+    memory: str | None = None
+
+    def check(self) -> None:
+        if self.name is not None and not _DNS_LABEL.match(self.name):
+            raise ConfigError("--name", self.name, "must be a DNS label: lowercase letters, digits and '-', "
+                              "starting with a letter", fix="e.g. --name llama-70b")
+        if not _DNS_LABEL.match(self.namespace):
+            raise ConfigError("--namespace", self.namespace, "must be a DNS label", fix="e.g. --namespace llm")
+        if not 0 <= self.speculative_weight <= 100:
+            raise ConfigError("--speculative-weight", self.speculative_weight, "is a percentage",
+                              fix="use 0..100 (0 = all traffic on the baseline)")
+        if not 1 <= self.replicas <= self.max_replicas:
+            raise ConfigError("--max-replicas", self.max_replicas,
+                              f"must be at least --replicas ({self.replicas}), and --replicas at least 1",
+                              fix=f"pass --max-replicas {max(self.replicas, 1)} or more")
+        if self.target_pending_requests is not None and self.target_pending_requests < 1:
+            raise ConfigError("--target-pending", self.target_pending_requests, "must be >= 1")
+        if not self.target_queue_ms > 0:
+            raise ConfigError("--target-queue-ms", self.target_queue_ms, "must be > 0")
+        if not pathlib.PurePosixPath(self.mount_path).is_absolute():
+            raise ConfigError("--mount-path", self.mount_path, "must be an absolute path", fix="e.g. /workspace")
+        for flag, q in (("--storage", self.storage), ("--shm-size", self.shm_size), ("--cpu", self.cpu),
+                        ("--memory", self.memory)):
+            if q is not None and not _QUANTITY.match(q):
+                raise ConfigError(flag, q, "is not a Kubernetes quantity", fix="e.g. 500Gi, 16Gi, 8")
+
+
+def app_name(recipe_name: str, override: str | None = None) -> str:
+    """A DNS-label object name for a recipe (``llama3.3-70b`` → ``llama3-3-70b``)."""
+    if override:
+        return override
+    name = re.sub(r"[^a-z0-9-]+", "-", recipe_name.lower()).strip("-")
+    name = re.sub(r"-+", "-", name)
+    if not name[:1].isalpha():
+        name = "m-" + name
+    longest = max(len(f"-{t}") for t in TRACKS)
+    if len(name) + longest > 63:
+        raise ConfigError("name", recipe_name, f"'{name}-speculative' is longer than the 63 characters "
+                          "Kubernetes allows in a name", fix="pass --name with a shorter name")
+    return name
+
+
+def pod_gpus(recipe, layout: Layout) -> int:
+    """GPUs one pod asks for: every device the launch plan uses, numbered 0..N-1 inside the pod."""
+    if recipe.runtime.backend == "torch" and recipe.runtime.device == "auto":
+        raise ConfigError("runtime.device", "auto", "a pod must know whether to ask for a GPU",
+                          fix="set runtime.device: cpu or cuda")
+    n = len(layout.gpus)
+    if tuple(layout.gpus) != tuple(range(n)):
+        field = "runtime.trtllm.gpu_device_ids"
+        raise ConfigError(field, list(layout.gpus),
+                          f"a pod sees the {n} GPU(s) it asks for as devices 0..{n - 1}",
+                          fix=f"number the recipe's GPUs 0..{n - 1} (gpu_device_ids and draft_gpu_device_ids) "
+                              "and rebuild the hand-off")
+    return n
+
+
+# --------------------------------------------------------------------------------------------
+# the objects (pure)
+
+
+def _labels(app: str, track: str | None = None) -> dict[str, str]:
+    labels = {NAME_LABEL: app, "app.kubernetes.io/part-of": "trtspec"}
+    if track:
+        labels[TRACK_LABEL] = track
+    return labels
+
+
+def _meta(name: str, opts: K8sOptions, labels: dict[str, str]) -> dict[str, Any]:
+    return {"name": name, "namespace": opts.namespace, "labels": labels}
+
+
+def _ports(service: bool) -> list[dict[str, Any]]:
+    # Istio reads the protocol from the port name (grpc, http, http-*)
+    ports = [("http", HTTP_PORT, "http"), ("grpc", GRPC_PORT, "grpc"), ("http-metrics", METRICS_PORT, "http")]
+    if service:
+        return [{"name": n, "port": p, "targetPort": n if n != "http-metrics" else "metrics", "protocol": "TCP",
+                 "appProtocol": a} for n, p, a in ports]
+    return [{"name": n if n != "http-metrics" else "metrics", "containerPort": p, "protocol": "TCP"}
+            for n, p, _ in ports]
+
+
+def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, claim: str,
+                image: str, opts: K8sOptions) -> dict[str, Any]:
+    name = f"{app}-{track}"
+    period = 10
+    startup_failures = max(3, math.ceil(recipe.serving.ready_timeout_s / period))
+    resources: dict[str, Any] = {}
+    if gpus:
+        resources["limits"] = {"nvidia.com/gpu": gpus}
+    requests = {k: v for k, v in (("cpu", opts.cpu), ("memory", opts.memory)) if v is not None}
+    if requests:
+        resources["requests"] = requests
+        if opts.memory is not None:
+            resources.setdefault("limits", {})["memory"] = opts.memory
+    container: dict[str, Any] = {
+        "name": "tritonserver",
+        "image": image,
+        # args, not command: NVIDIA's entrypoint sets the container up, then runs them
+        "args": list(argv),
+        "ports": _ports(service=False),
+        "startupProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
+                         "periodSeconds": period, "failureThreshold": startup_failures},
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
+                           "periodSeconds": 5, "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
+                          "periodSeconds": 10, "failureThreshold": 3},
+        "volumeMounts": [{"name": "models", "mountPath": opts.mount_path, "readOnly": True},
+                         {"name": "dshm", "mountPath": "/dev/shm"}],
+    }
+    if resources:
+        container["resources"] = resources
+    pod: dict[str, Any] = {
+        "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 30,
+        "containers": [container],
+        "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}}],
+    }
+    if gpus:
+        pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(name, opts, _labels(app, track)),
+        "spec": {
+            "replicas": opts.replicas,
+            "selector": {"matchLabels": {NAME_LABEL: app, TRACK_LABEL: track}},
+            "template": {
+                "metadata": {
+                    "labels": _labels(app, track),
+                    "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(METRICS_PORT),
+                                    "prometheus.io/path": "/metrics", "trtspec/recipe": recipe.name},
+                },
+                "spec": pod,
+            },
+        },
+    }
+
+
+def _service(name: str, app: str, track: str | None, opts: K8sOptions) -> dict[str, Any]:
+    selector = {NAME_LABEL: app, **({TRACK_LABEL: track} if track else {})}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, opts, _labels(app, track)),
+            "spec": {"selector": selector, "ports": _ports(service=True)}}
+
+
+def _hpa(app: str, track: str, pending: int, opts: K8sOptions) -> dict[str, Any]:
+    name = f"{app}-{track}"
+
+    def pods_metric(metric: str, value: str) -> dict[str, Any]:
+        return {"type": "Pods", "pods": {"metric": {"name": metric},
+                                         "target": {"type": "AverageValue", "averageValue": value}}}
+
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": _meta(name, opts, _labels(app, track)),
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "minReplicas": opts.replicas,
+            "maxReplicas": opts.max_replicas,
+            # the larger of the two recommendations wins
+            "metrics": [pods_metric(PENDING_METRIC, str(pending)),
+                        pods_metric(QUEUE_METRIC, _fmt_quantity(opts.target_queue_ms))],
+            # GPU pods take minutes to load: add one at a time, give them back slowly
+            "behavior": {
+                "scaleUp": {"stabilizationWindowSeconds": 60,
+                            "policies": [{"type": "Pods", "value": 1, "periodSeconds": 120}]},
+                "scaleDown": {"stabilizationWindowSeconds": 600,
+                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
+            },
+        },
+    }
+
+
+def _fmt_quantity(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x}"
+
+
+def _virtual_service(app: str, weight: int, opts: K8sOptions) -> dict[str, Any]:
+    def host(name: str) -> str:
+        return f"{name}.{opts.namespace}.svc.cluster.local"
+
+    def route(port: int) -> list[dict[str, Any]]:
+        # index 0 = baseline, 1 = speculative: rollout.sh patches these positions
+        return [{"destination": {"host": host(f"{app}-baseline"), "port": {"number": port}}, "weight": 100 - weight},
+                {"destination": {"host": host(f"{app}-speculative"), "port": {"number": port}}, "weight": weight}]
+
+    return {
+        "apiVersion": "networking.istio.io/v1",
+        "kind": "VirtualService",
+        "metadata": _meta(app, opts, _labels(app)),
+        "spec": {
+            "hosts": [host(app)],
+            "http": [{"name": "grpc", "match": [{"port": GRPC_PORT}], "route": route(GRPC_PORT)},
+                     {"name": "http", "match": [{"port": HTTP_PORT}], "route": route(HTTP_PORT)}],
+        },
+    }
+
+
+def _pvc(claim: str, app: str, opts: K8sOptions) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        # written once (build, deploy), read by every replica of both tracks, on any node
+        "accessModes": ["ReadWriteMany"],
+        "resources": {"requests": {"storage": opts.storage}},
+    }
+    if opts.storage_class:
+        spec["storageClassName"] = opts.storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": _meta(claim, opts, _labels(app)),
+            "spec": spec}
+
+
+def adapter_values(opts: K8sOptions) -> dict[str, Any]:
+    """prometheus-adapter Helm values: Triton's per-pod series → the two custom metrics the
+    autoscalers read (custom.metrics.k8s.io)."""
+    def resources() -> dict[str, Any]:  # a fresh dict per rule: no YAML anchors in the file
+        return {"overrides": {"namespace": {"resource": "namespace"}, "pod": {"resource": "pod"}}}
+
+    return {"rules": {"default": False, "custom": [
+        {
+            # requests waiting in any model queue of the pod (ensemble, router, engines)
+            "seriesQuery": 'nv_inference_pending_request_count{namespace!="",pod!=""}',
+            "resources": resources(),
+            "name": {"matches": "^nv_inference_pending_request_count$", "as": PENDING_METRIC},
+            "metricsQuery": "sum(<<.Series>>{<<.LabelMatchers>>}) by (<<.GroupBy>>)",
+        },
+        {
+            # average time a request waits in the engine models' queues, ms, over the last minute
+            "seriesQuery": 'nv_inference_queue_duration_us{namespace!="",pod!=""}',
+            "resources": resources(),
+            "name": {"matches": "^nv_inference_queue_duration_us$", "as": QUEUE_METRIC},
+            "metricsQuery": (
+                'sum(rate(nv_inference_queue_duration_us{<<.LabelMatchers>>,model=~"tensorrt_llm.*"}[1m])) '
+                'by (<<.GroupBy>>) / 1000 / clamp_min(sum(rate(nv_inference_request_success'
+                '{<<.LabelMatchers>>,model=~"tensorrt_llm.*"}[1m])) by (<<.GroupBy>>), 0.001)'
+            ),
+        },
+    ]}}
+
+
+def rollout_script(app: str, opts: K8sOptions) -> str:
+    """``rollout.sh PERCENT``: one kubectl patch sets the speculative track's share of gRPC and HTTP."""
+    ops = []
+    for i in range(2):  # http[0] = gRPC, http[1] = HTTP; route[0] = baseline, route[1] = speculative
+        ops.append(f'{{"op":"replace","path":"/spec/http/{i}/route/0/weight","value":$b}}')
+        ops.append(f'{{"op":"replace","path":"/spec/http/{i}/route/1/weight","value":$p}}')
+    patch = "[" + ",".join(ops) + "]"
+    return f"""#!/bin/sh
+# Send PERCENT of {app}'s traffic (gRPC and HTTP) to the speculative track, the rest to the baseline.
+#   ./rollout.sh 10     canary
+#   ./rollout.sh 100    all speculative
+#   ./rollout.sh 0      roll back: all traffic on the baseline at once (both tracks stay warm)
+# Written by `trtspec deploy k8s`; needs kubectl and Istio (VirtualService {app}).
+set -eu
+p="${{1:-}}"
+case "$p" in
+  ''|*[!0-9]*) echo "usage: $0 PERCENT   (an integer 0-100: the speculative track's share)" >&2; exit 2 ;;
+esac
+if [ "$p" -gt 100 ]; then echo "PERCENT must be 0-100, got $p" >&2; exit 2; fi
+b=$((100 - p))
+exec kubectl -n {shlex.quote(opts.namespace)} patch virtualservice {shlex.quote(app)} --type=json -p "{patch.replace('"', chr(92) + '"')}"
+"""
+
+
+def k8s_files(recipe, layout: Layout, *, repository: str, baseline_repository: str,
+              opts: K8sOptions) -> dict[str, str]:
+    """Every file of the deployment folder but the repositories, as text (pure)."""
+    opts.check()
+    app = app_name(recipe.name, opts.name)
+    gpus = pod_gpus(recipe, layout)
+    image = opts.image or recipe.runtime.trtllm.container_image
+    claim = opts.pvc or f"{app}-models"
+    pending = opts.target_pending_requests or recipe.limits.max_batch_size
+    docs: dict[str, list[dict[str, Any]]] = {}
+    if opts.pvc is None:
+        docs["k8s/pvc.yaml"] = [_pvc(claim, app, opts)]
+    for track, repo in (("speculative", repository), ("baseline", baseline_repository)):
+        plan = launch_plan(layout, repository=repo, host="0.0.0.0", grpc_port=GRPC_PORT, http_port=HTTP_PORT,
+                           metrics_port=METRICS_PORT, exit_timeout=EXIT_TIMEOUT_S)
+        docs[f"k8s/{track}.yaml"] = [
+            _deployment(app, track, recipe, plan.argv, gpus, claim, image, opts),
+            _service(f"{app}-{track}", app, track, opts),
+            _hpa(app, track, pending, opts),
+        ]
+    docs["k8s/service.yaml"] = [_service(app, app, None, opts)]
+    docs["k8s/virtualservice.yaml"] = [_virtual_service(app, opts.speculative_weight, opts)]
+    files = {path: _dump_all(objs) for path, objs in docs.items()}
+    files["prometheus-adapter-values.yaml"] = (
+        "# Helm values for prometheus-community/prometheus-adapter: the custom metrics the\n"
+        f"# HorizontalPodAutoscalers of {app} read. Prometheus must scrape the pods (annotations prometheus.io/*).\n"
+        + yaml.safe_dump(adapter_values(opts), sort_keys=False, width=1000)
+    )
+    files["rollout.sh"] = rollout_script(app, opts)
+    return files
+
+
+def _dump_all(objs: list[dict[str, Any]]) -> str:
+    return "".join("---\n" + yaml.safe_dump(o, sort_keys=False, width=1000) for o in objs)
+
+
+# --------------------------------------------------------------------------------------------
+# writing the folder
+
+
+@dataclass
+class K8sDeployment:
+    path: pathlib.Path
+    app: str
+    namespace: str
+    gpus_per_pod: int
+    layout: Layout
+    files: list[str]
+    manifest: dict[str, Any]
+
+
+def _pod_paths(repo_manifest: dict[str, Any]) -> dict[str, str]:
+    """Absolute paths the served models read outside the repository: {what: path}."""
+    paths = {"tokenizer": repo_manifest["tokenizer_dir"]}
+    spec = repo_manifest.get("runtime_spec") or {}
+    for key in ("target", "draft"):
+        if spec.get(key):
+            paths[f"{key} model"] = spec[key]
+    build = repo_manifest.get("trtllm_build") or {}
+    for role, path in (build.get("engines") or {}).items():
+        paths[f"{role} engine"] = path
+    for opts_key in ("llm_api", "llm_api_baseline"):
+        o = build.get(opts_key) or {}
+        if isinstance(o.get("model"), str):
+            paths[f"{opts_key} model"] = o["model"]
+        sc = o.get("speculative_config") or {}
+        for k in ("speculative_model", "speculative_model_dir"):
+            if isinstance(sc.get(k), str):
+                paths[f"{opts_key} {k}"] = sc[k]
+    return paths
+
+
+def _check_on_volume(paths: dict[str, str], mount: str) -> None:
+    root = pathlib.PurePosixPath(mount)
+    for what, path in paths.items():
+        p = pathlib.PurePosixPath(path)
+        if not p.is_absolute() or not (p == root or root in p.parents):
+            raise StageError(
+                f"the pods read the {what} from {path}, which is not under the volume's mount path {mount}",
+                fix=f"build and deploy on the volume, mounted at {mount} where the pods mount it (docs/scaleout.md), "
+                    "or pass --mount-path to the folder that holds all of them")
+
+
+def write_k8s(
+    recipe,
+    out: str | os.PathLike,
+    *,
+    opts: K8sOptions = K8sOptions(),
+    build_dir: str | os.PathLike | None = None,
+    target: str | None = None,
+    draft: str | None = None,
+    overwrite: bool = False,
+) -> K8sDeployment:
+    """``trtspec deploy k8s``: both repositories and the manifests, into the fresh folder ``out``."""
+    from trtspec.config import parse_recipe, recipe_to_dict
+    from trtspec.triton.render import RenderError, package
+    from trtspec.trtllm.handoff import TrtllmBuild
+
+    opts.check()
+    out = pathlib.Path(out).resolve()
+    if out.exists() and not overwrite:
+        raise RenderError(f"output folder {out} already exists", fix="choose a new folder, or pass --force")
+    _check_on_volume({"deployment folder": str(out)}, opts.mount_path)
+    app = app_name(recipe.name, opts.name)
+    d = recipe_to_dict(recipe)
+    d["serving"]["speculative_fraction"] = 0.0
+    baseline_recipe = parse_recipe(d)
+    with atomic_dir(out, overwrite=overwrite) as tmp:
+        spec = package(recipe, tmp / "repository", target=target, draft=draft, build_dir=build_dir)
+        package(baseline_recipe, tmp / "repository-baseline", target=target, draft=draft, build_dir=build_dir)
+        m = spec.manifest
+        build = TrtllmBuild.from_dict(m["trtllm_build"]) if m.get("trtllm_build") else None
+        _check_on_volume(_pod_paths(m), opts.mount_path)
+        layout = layout_for(recipe, build)
+        files = k8s_files(recipe, layout, repository=str(out / "repository"),
+                          baseline_repository=str(out / "repository-baseline"), opts=opts)
+        for rel, text in files.items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        (tmp / "rollout.sh").chmod(0o755)
+        gpus = pod_gpus(recipe, layout)
+        manifest = write_manifest(
+            tmp, KIND,
+            recipe_name=recipe.name, app=app, namespace=opts.namespace,
+            image=opts.image or recipe.runtime.trtllm.container_image,
+            gpus_per_pod=gpus, launch=layout.to_dict(),
+            tracks={t: {"deployment": f"{app}-{t}", "service": f"{app}-{t}",
+                        "repository": str(out / ("repository" if t == "speculative" else "repository-baseline"))}
+                    for t in TRACKS},
+            entry_service=f"{app}.{opts.namespace}.svc.cluster.local",
+            speculative_weight=opts.speculative_weight,
+            options=asdict(opts),
+            files=sorted(files),
+            commands={
+                "apply": f"kubectl apply -f {out / 'k8s'}",
+                "rollout": f"{out / 'rollout.sh'} PERCENT",
+                "rollback": f"{out / 'rollout.sh'} 0",
+            },
+        )
+    return K8sDeployment(path=out, app=app, namespace=opts.namespace, gpus_per_pod=gpus, layout=layout,
+                         files=sorted(files), manifest=manifest)
