@@ -387,7 +387,7 @@ def test_write_k8s_refuses_paths_the_pods_cannot_read(tmp_path):
     recipe = load_recipe(REPO / "build_configs" / "llama3.1-70b-tp8-draft-target-fp8-trtllm.yaml")
     with pytest.raises(StageError, match="deployment folder"):
         write_k8s(recipe, tmp_path / "deploy", build_dir=tmp_path / "build", opts=K8sOptions(mount_path="/workspace"))
-    with pytest.raises(StageError, match=r"pods read the tokenizer from /workspace/models") as e:
+    with pytest.raises(StageError, match=r"pods read the tokenizer at /workspace/models") as e:
         write_k8s(recipe, tmp_path / "deploy", build_dir=tmp_path / "build", opts=K8sOptions(mount_path=str(tmp_path)))
     assert "--mount-path" in str(e.value)
     assert not (tmp_path / "deploy").exists()

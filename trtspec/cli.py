@@ -545,19 +545,35 @@ def package(config: str, out_dir: str, build_dir: str | None, target: str | None
 @click.option("--ready-timeout", type=click.FloatRange(min=1), default=None,
               help="Seconds to wait for every model to load (default: serving.ready_timeout_s, 180).")
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoints as one JSON line when ready.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the launch plan (TRT-LLM engines: mpirun over every rank) and exit; starts nothing.")
 @handle_errors
 def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
-          ready_timeout: float | None, as_json: bool) -> None:
+          ready_timeout: float | None, as_json: bool, dry_run: bool) -> None:
     """Serve a model repository with tritonserver until Ctrl-C or SIGTERM.
 
     Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
     Models are decoupled: clients use the gRPC streaming API (unary ModelInfer is rejected).
+    TRT-LLM engines over several GPUs run as MPI ranks, as NVIDIA's launch_triton_server.py
+    starts them (runtime.trtllm.launch_mode; docs/scaleout.md).
     """
+    from trtspec.triton.mpi import planned_launch, with_repository_layout
     from trtspec.triton.render import read_repository_manifest
     from trtspec.triton.server import server_for_repository
 
-    server = server_for_repository(repo, host=host, grpc_port=grpc_port, http_port=http_port,
-                                   metrics_port=metrics_port, ready_timeout=ready_timeout)
+    server = with_repository_layout(server_for_repository(
+        repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+        ready_timeout=ready_timeout))
+    if dry_run:
+        plan = planned_launch(server)
+        if 0 in server.ports:
+            err.print("note: ports left at 0 (a free port at start) are shown as Triton's defaults; "
+                      "pass --grpc-port, --http-port and --metrics-port to fix them", markup=False)
+        if as_json:
+            click.echo(json.dumps(plan.to_dict(), indent=2))
+        else:
+            click.echo(plan.describe(), nl=False)
+        return
     err.print(f"starting tritonserver on {repo} ...")
     with server:
         e = server.endpoints
@@ -743,6 +759,84 @@ def validate(url, config, out_dir, spec_model, baseline_model, tokenizer, ready_
         style = "bold green" if v.deploy_speculative else "bold red"
         out.print(f"verdict: [{style}]{v.decision}[/]  (report: {os.path.join(out_dir, 'report.md')})")
     sys.exit(result.exit_code)
+
+
+# --------------------------------------------------------------------------------------------
+# deploy (Kubernetes)
+
+
+@main.group()
+def deploy() -> None:
+    """Deploy a recipe beyond one machine: Kubernetes manifests (docs/scaleout.md)."""
+
+
+@deploy.command("k8s")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="New folder, on the volume the pods mount: both repositories, k8s/*.yaml, rollout.sh.")
+@click.option("--build-dir", type=click.Path(file_okay=False), default=None,
+              help="TRT-LLM runtimes: the folder `trtspec build` wrote (default: build/<recipe name>).")
+@click.option("--target", type=click.Path(file_okay=False), default=None, help="torch runtime: serve this target folder.")
+@click.option("--draft", type=click.Path(file_okay=False), default=None, help="torch runtime: serve this draft / head folder.")
+@click.option("--name", default=None, help="Object name prefix (default: the recipe name, DNS-safe).")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--image", default=None, help="Container image (default: runtime.trtllm.container_image; it needs trtspec installed).")
+@click.option("--mount-path", default="/workspace", show_default=True,
+              help="Where the pods mount the volume: the build, models and OUT must be under it, at these paths.")
+@click.option("--pvc", default=None, help="Use this existing PersistentVolumeClaim (default: k8s/pvc.yaml makes NAME-models).")
+@click.option("--storage", default="1Ti", show_default=True, help="Size of the claim k8s/pvc.yaml makes.")
+@click.option("--storage-class", default=None, help="StorageClass of that claim (ReadWriteMany).")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="Pods per track at first; the autoscalers' minimum.")
+@click.option("--max-replicas", default=4, show_default=True, type=click.IntRange(1), help="Autoscalers' maximum per track.")
+@click.option("--speculative-weight", default=0, show_default=True, type=click.IntRange(0, 100),
+              help="Percent of traffic on the speculative track at first (rollout.sh changes it).")
+@click.option("--target-pending", type=click.IntRange(1), default=None,
+              help="Scale out above this many waiting requests per pod (default: limits.max_batch_size).")
+@click.option("--target-queue-ms", default=100.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Scale out above this average queue time per request.")
+@click.option("--shm-size", default="16Gi", show_default=True, help="/dev/shm of each pod (python backend, NCCL).")
+@click.option("--cpu", default=None, help="CPU request per pod, e.g. 16.")
+@click.option("--memory", default=None, help="Memory request and limit per pod, e.g. 256Gi.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the folder's manifest as JSON.")
+@handle_errors
+def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image, mount_path, pvc, storage,
+               storage_class, replicas, max_replicas, speculative_weight, target_pending, target_queue_ms, shm_size,
+               cpu, memory, force, as_json):
+    """Kubernetes manifests: the speculative deployment beside its baseline, weighted traffic split.
+
+    \b
+    Per track: Deployment (NVIDIA's Triton TRT-LLM container, GPUs of the launch plan, probes on
+    /v2/health/ready and /v2/health/live), Service (gRPC 8001, HTTP 8000, metrics 8002) and an
+    autoscaler on Triton's queue metrics (prometheus-adapter). One Istio VirtualService splits the
+    traffic; rollout.sh PERCENT shifts it, rollout.sh 0 rolls back.
+    """
+    from trtspec.config import load_recipe
+    from trtspec.deploy.k8s import K8sOptions, write_k8s
+
+    recipe = load_recipe(config)
+    if recipe.runtime.backend != "torch" and build_dir is None:
+        build_dir = os.path.join("build", recipe.name)
+    opts = K8sOptions(name=name, namespace=namespace, image=image, mount_path=mount_path, pvc=pvc, storage=storage,
+                      storage_class=storage_class, replicas=replicas, max_replicas=max_replicas,
+                      speculative_weight=speculative_weight, target_pending_requests=target_pending,
+                      target_queue_ms=target_queue_ms, shm_size=shm_size, cpu=cpu, memory=memory)
+    res = write_k8s(recipe, out_dir, opts=opts, build_dir=build_dir, target=target, draft=draft, overwrite=force)
+    if as_json:
+        click.echo(json.dumps(res.manifest, indent=2, default=str))
+        return
+    m, lay = res.manifest, res.layout
+    out.print(f"trtspec deploy k8s → {res.path}")
+    out.print(f"  pods     {res.gpus_per_pod} GPU(s) each, launch {lay.mode} (MPI world {lay.world_size}), "
+              f"image {m['image']}")
+    out.print(f"  tracks   {res.app}-speculative, {res.app}-baseline (namespace {res.namespace}); "
+              f"speculative weight {m['speculative_weight']}%")
+    out.print(f"  entry    {m['entry_service']} (gRPC 8001, HTTP 8000)")
+    for f in res.files:
+        out.print(f"  wrote    {f}", markup=False)
+    out.print(f"apply:    {m['commands']['apply']}", markup=False)
+    out.print(f"shift:    {m['commands']['rollout']}", markup=False)
+    out.print(f"rollback: {m['commands']['rollback']}", markup=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

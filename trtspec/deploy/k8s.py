@@ -415,7 +415,7 @@ def _check_on_volume(paths: dict[str, str], mount: str) -> None:
         p = pathlib.PurePosixPath(path)
         if not p.is_absolute() or not (p == root or root in p.parents):
             raise StageError(
-                f"the pods read the {what} from {path}, which is not under the volume's mount path {mount}",
+                f"the pods read the {what} at {path}, which is not under the volume's mount path {mount}",
                 fix=f"build and deploy on the volume, mounted at {mount} where the pods mount it (docs/scaleout.md), "
                     "or pass --mount-path to the folder that holds all of them")
 

@@ -451,3 +451,27 @@ def with_repository_layout(server: TritonServer) -> TritonServer:
         binary=server.binary, workdir=server.workdir_arg, log_verbose=server.log_verbose,
         extra_args=server.extra_args,
     )
+
+
+def planned_launch(server: TritonServer) -> LaunchPlan:
+    """What ``server.start()`` would run, without running anything (``trtspec serve --dry-run``).
+
+    Ports left at 0 (a free port at start) are shown as Triton's defaults 8001/8000/8002, and the
+    python-backend shared-memory prefixes as launch_triton_server.py's ``prefix{rank}_``.
+    """
+    from trtspec.triton.render import read_repository_manifest
+
+    if isinstance(server, MpiTritonServer):
+        layout = server.layout
+    elif read_repository_manifest(server.repository) is not None:
+        layout, _ = repository_layout(server.repository)
+    else:
+        layout = Layout(mode="single", world_size=1)
+    grpc_port, http_port, metrics_port = server.ports
+    return launch_plan(
+        layout, repository=str(server.repository), host=server.host, grpc_port=grpc_port or 8001,
+        http_port=http_port or 8000, metrics_port=metrics_port or 8002,
+        tritonserver=str(server.binary) if server.binary else "tritonserver",
+        mpirun=getattr(server, "mpirun", None) or "mpirun", exit_timeout=server.exit_timeout,
+        log_verbose=server.log_verbose, extra_args=server.extra_args,
+    )
