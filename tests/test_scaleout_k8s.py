@@ -391,3 +391,13 @@ def test_write_k8s_refuses_paths_the_pods_cannot_read(tmp_path):
         write_k8s(recipe, tmp_path / "deploy", build_dir=tmp_path / "build", opts=K8sOptions(mount_path=str(tmp_path)))
     assert "--mount-path" in str(e.value)
     assert not (tmp_path / "deploy").exists()
+
+
+def test_the_yaml_in_docs_scaleout_validates():
+    """The workspace volume and pod that docs/scaleout.md asks users to apply are valid objects."""
+    text = (REPO / "docs" / "scaleout.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", text, re.S)
+    objs = [o for b in blocks for o in yaml.safe_load_all(b) if isinstance(o, dict) and "kind" in o]
+    assert {o["kind"] for o in objs} == {"PersistentVolumeClaim", "Pod"}
+    for o in objs:
+        validate_object(o)
