@@ -343,46 +343,69 @@ input [ {{ name: "IN" data_type: TYPE_INT32 dims: [ -1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_INT32 dims: [ -1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
 """
-ECHO_MODEL = """import triton_python_backend_utils as pb_utils
+ECHO_MODEL = """import json
+import os
+
+import triton_python_backend_utils as pb_utils
 
 
 class TritonPythonModel:
+    def initialize(self, args):
+        # record which MPI rank loaded this model, and the TRT-LLM launch variables it saw
+        ranks = os.path.join(args["model_repository"], "..", "..", "ranks")
+        os.makedirs(ranks, exist_ok=True)
+        rank = os.environ.get("OMPI_COMM_WORLD_RANK", "none")
+        with open(os.path.join(ranks, args["model_name"] + "@" + rank), "w") as f:
+            json.dump({k: v for k, v in os.environ.items() if k.startswith("TRTLLM_")}, f)
+
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy())])
                 for r in requests]
 """
 
+REAL_LAYOUTS = {
+    "leader-2-ranks": Layout(mode="leader", world_size=2,
+                             placements=(Placement("tensorrt_llm", "target", 2, (0, 1)),)),
+    "prespawn-3-ranks": Layout(mode="orchestrator_prespawn", world_size=3, placements=(
+        Placement("tensorrt_llm_draft", "draft", 1, (0,), (1,)), Placement("tensorrt_llm", "target", 1, (0,), (2,)))),
+}
 
+
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI's mpirun is not installed (apt-get install openmpi-bin)")
-def test_real_mpirun_runs_a_two_rank_leader_plan_with_the_cpu_tritonserver(tmp_path):
+@pytest.mark.parametrize("name", sorted(REAL_LAYOUTS))
+def test_real_mpirun_runs_the_plan_with_the_cpu_tritonserver(tmp_path, name):
     """The plan's MPMD command under the real OpenMPI mpirun and real tritonservers: rank 0 loads
-    the repository and serves, rank 1 loads only the 'engine' model with no endpoint, and the two
-    python backends do not collide (each rank has its own shared-memory prefix)."""
+    the repository and serves; the other ranks load only the engine models, open no endpoint and
+    see the launch's TRT-LLM variables; the python backends of the ranks do not collide (each rank
+    has its own shared-memory prefix)."""
     from trtspec.triton_paths import bundled_tritonserver
 
     if bundled_tritonserver() is None:
         pytest.skip("nvidia-pytriton's tritonserver is not installed")
+    layout = REAL_LAYOUTS[name]
     repo = tmp_path / "repo"
-    for name in ("tensorrt_llm", "preprocessing"):
-        (repo / name / "1").mkdir(parents=True)
-        (repo / name / "config.pbtxt").write_text(ECHO_CONFIG.format(name=name))
-        (repo / name / "1" / "model.py").write_text(ECHO_MODEL)
-    layout = Layout(mode="leader", world_size=2, placements=(Placement("tensorrt_llm", "target", 2, (0, 1)),))
-    server = MpiTritonServer(repo, layout, workdir=tmp_path / "work", ready_timeout=60, oversubscribe=True)
+    models = (*layout.engine_models, "preprocessing")
+    for model in models:
+        (repo / model / "1").mkdir(parents=True)
+        (repo / model / "config.pbtxt").write_text(ECHO_CONFIG.format(name=model))
+        (repo / model / "1" / "model.py").write_text(ECHO_MODEL)
+    server = MpiTritonServer(repo, layout, workdir=tmp_path / "work", ready_timeout=90, oversubscribe=True)
+    expect = {f"{m}@{r}" for r in range(layout.world_size) for m in layout.engine_models} | {"preprocessing@0"}
     with server:
         shm = sorted(p.name for p in pathlib.Path("/dev/shm").glob(server.shm_prefix + "*"))
         body = json.dumps({"inputs": [{"name": "IN", "datatype": "INT32", "shape": [3], "data": [1, 2, 3]}]}).encode()
         req = urllib.request.Request(f"{server.endpoints.http}/v2/models/tensorrt_llm/infer", data=body)
         with urllib.request.urlopen(req, timeout=10) as r:
             assert json.loads(r.read())["outputs"][0]["data"] == [1, 2, 3]
-        deadline = time.monotonic() + 20  # rank 1 loads on its own clock
-        while server.log_text().count("successfully loaded 'tensorrt_llm'") < 2 and time.monotonic() < deadline:
+        deadline = time.monotonic() + 30  # the other ranks load on their own clock
+        while {p.name for p in (tmp_path / "ranks").iterdir()} != expect and time.monotonic() < deadline:
             time.sleep(0.2)
-        log = server.log_text()
-    assert server.plan.argv[0].endswith("mpirun") and server.plan.layout.world_size == 2
-    assert log.count("successfully loaded 'tensorrt_llm'") == 2  # rank 0 and rank 1
-    assert log.count("successfully loaded 'preprocessing'") == 1  # rank 0 only
-    assert {n[len(server.shm_prefix):].split("_")[0] for n in shm} == {"0", "1"}
+    assert server.plan.argv[0] == "mpirun" and server.plan.layout.world_size == layout.world_size
+    assert {p.name for p in (tmp_path / "ranks").iterdir()} == expect  # preprocessing on rank 0 only
+    for p in (tmp_path / "ranks").iterdir():
+        assert json.loads(p.read_text()) == dict(layout.env), p.name
+    assert {n[len(server.shm_prefix):].split("_")[0] for n in shm} == {str(r) for r in range(layout.world_size)}
     assert not list(pathlib.Path("/dev/shm").glob(server.shm_prefix + "*"))  # cleaned up on stop
 
 
