@@ -73,9 +73,10 @@ def run_perf_analyzer(binary, env, url: str, model: str, prompts: list[str], max
     export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite it
     argv = [str(binary), "-m", model, "-u", url, "-i", "grpc", "--streaming", "--async",
             "--input-data", str(data), "--concurrency-range", str(concurrency),
-            "--request-count", str(requests), "--warmup-request-count", "2",
+            # perf_analyzer 2.51 hangs when fewer warm-up requests than concurrency are asked for
+            "--request-count", str(requests), "--warmup-request-count", str(max(2, concurrency)),
             "--profile-export-file", str(export), "--measurement-interval", "60000", "--stability-percentage", "999"]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
     if proc.returncode != 0:
         sys.exit(f"perf_analyzer failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
     return {"argv": argv, "export": json.loads(export.read_text()), "stdout_tail": proc.stdout[-1500:]}
@@ -119,10 +120,12 @@ def ours(url, model, prompts, max_tokens, concurrency, requests, tokenizer_dir) 
                              sampling=Sampling(max_tokens=max_tokens), speculative_model=model, baseline_model=None,
                              block=requests)  # one block: a steady closed loop, like perf_analyzer's
     res = run_bench(url, prompts, settings, tokenizer=tokenizer_dir)
-    rs = [r for r in res.records() if r.ok]
-    ttft = [r.ttft for r in rs]
-    lat = [r.latency for r in rs]
-    return _pack(ttft, lat, sum(r.osl for r in rs), len(rs), res.levels[0].duration("speculative"))
+    s = res.levels[0].summary("speculative")  # the numbers `trtspec bench` reports
+    return {"requests": s["requests"], "ttft_mean_s": s["ttft_s"]["mean"], "ttft_p50_s": s["ttft_s"]["p50"],
+            "request_latency_mean_s": s["request_latency_s"]["mean"],
+            "request_latency_p50_s": s["request_latency_s"]["p50"],
+            "output_token_throughput": s["output_token_throughput"], "request_throughput": s["request_throughput"],
+            "output_tokens": s["output_tokens"], "duration_s": s["duration_s"]}
 
 
 @contextlib.contextmanager

@@ -3,8 +3,10 @@
 At each concurrency level the requests are cut into blocks; each block runs on one model and then,
 with the *same* prompts and output lengths, on the other, alternating which goes first (ABBA) so
 slow drift of the machine (thermal, other load) falls on both alike. Within a block, ``c`` workers
-each keep one request in flight (a closed loop, as GenAI-Perf's ``--concurrency``). The two models
-never run at the same time, so neither steals the other's compute.
+each keep one request in flight (a closed loop, as GenAI-Perf's ``--concurrency``); the block's
+first ``c − 1`` requests are not measured, so measured requests see a settled loop rather than
+``c`` prefills queued at once. The two models never run at the same time, so neither steals the
+other's compute.
 """
 
 from __future__ import annotations
@@ -123,11 +125,14 @@ class LevelResult:
     def records(self, role: str) -> list[RequestRecord]:
         return [r for w in self.windows if w.role == role for r in w.requests]
 
+    def settling(self, role: str) -> list[RequestRecord]:
+        return [r for w in self.windows if w.role == role for r in w.settling]
+
     def duration(self, role: str) -> float:
         return sum(w.duration_s for w in self.windows if w.role == role)
 
     def summary(self, role: str) -> dict:
-        return summarize(self.records(role), self.duration(role))
+        return summarize(self.records(role), self.duration(role), self.settling(role))
 
 
 @dataclass
@@ -198,15 +203,21 @@ class BenchResult:
 
 
 async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str, concurrency: int,
-                     plan: list[tuple[int, PromptItem, int]], on_done: Callable[[], None] | None) -> Window:
-    """Run ``plan`` [(request index, prompt, max_tokens)] on one model with ``concurrency`` in flight."""
+                     plan: list[tuple[int, PromptItem, int]], on_done: Callable[[], None] | None,
+                     settle: int = 0) -> Window:
+    """Run ``plan`` [(request index, prompt, max_tokens)] on one model with ``concurrency`` in flight.
+
+    The first ``settle`` requests are sent but their latencies are not measured: a closed loop
+    starts with all its workers in lockstep (every first prefill queued at once); perf_analyzer
+    measures after its warm-up has desynchronised the loop. Their tokens still count towards
+    the window's throughput."""
     model = settings.roles[role]
-    queue = list(reversed(plan))
+    queue = list(reversed([(True, x) for x in plan[:settle]] + [(False, x) for x in plan]))
     window = Window(role=role, concurrency=concurrency, start=time.perf_counter(), end=0.0)
 
     async def worker():
         while queue:
-            _, item, max_tokens = queue.pop()
+            settling, (_, item, max_tokens) = queue.pop()
             sampling = settings.sampling.with_(max_tokens=max_tokens)
             start = time.perf_counter()
             try:
@@ -220,6 +231,9 @@ async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str,
             except ServerRequestError as e:
                 rec = RequestRecord.failed(role=role, model=model, concurrency=concurrency, prompt_index=item.index,
                                            max_tokens=max_tokens, start=start, error=str(e).splitlines()[0])
+            if settling:
+                window.settling.append(rec)
+                continue
             window.requests.append(rec)
             if on_done:
                 on_done()
@@ -274,7 +288,8 @@ async def bench_async(client: AsyncLLMClient, prompts: list[PromptItem], setting
             order = roles if block_no % 2 == 0 else roles[::-1]
             for role in order:
                 label[0] = f"c={c} {role}"
-                windows.append(await _run_block(client, settings, role, c, plan(i, n), tick))
+                # c − 1 unmeasured requests first, so measured ones see a settled loop
+                windows.append(await _run_block(client, settings, role, c, plan(i, n), tick, settle=c - 1))
             i += n
             block_no += 1
             if per_level and i >= per_level:

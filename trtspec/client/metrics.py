@@ -158,21 +158,26 @@ def acceptance_summary(records: list[RequestRecord]) -> dict:
     }
 
 
-def summarize(records: list[RequestRecord], duration_s: float | None = None) -> dict:
+def summarize(records: list[RequestRecord], duration_s: float | None = None,
+              settling: list[RequestRecord] = ()) -> dict:
     """GenAI-Perf's metrics for one set of requests (one model at one concurrency).
 
     ``duration_s`` is the measured wall time (Σ over blocks of last response − first send);
-    by default the span of these records."""
+    by default the span of these records. ``settling`` requests ran in the same loop inside that
+    time: they count towards throughput (their tokens were produced in it) but not towards the
+    latency distributions."""
     ok = [r for r in records if r.ok]
+    settled = [r for r in settling if r.ok]
     if duration_s is None and ok:
-        duration_s = max(r.end for r in ok) - min(r.start for r in ok)
-    tokens = sum(r.osl for r in ok)
+        duration_s = max(r.end for r in ok + settled) - min(r.start for r in ok + settled)
+    tokens = sum(r.osl for r in ok + settled)
     out = {
         "requests": len(records),
         "errors": len(records) - len(ok),
+        "settling_requests": len(settling),
         "output_tokens": tokens,
         "duration_s": duration_s,
-        "request_throughput": len(ok) / duration_s if duration_s else None,
+        "request_throughput": len(ok + settled) / duration_s if duration_s else None,
         "output_token_throughput": tokens / duration_s if duration_s else None,
         "ttft_s": distribution([r.ttft for r in ok]),
         "time_to_second_token_s": distribution([r.ttst for r in ok]),
@@ -271,10 +276,11 @@ class Window:
     start: float
     end: float
     requests: list[RequestRecord] = field(default_factory=list)
+    settling: list[RequestRecord] = field(default_factory=list)  # ran in the loop, latencies not measured
 
     @property
     def duration_s(self) -> float:
-        ok = [r for r in self.requests if r.ok]
+        ok = [r for r in self.requests + self.settling if r.ok]
         if not ok:
             return 0.0
         # GenAI-Perf's benchmark duration: first request sent → last response carrying output
