@@ -68,14 +68,16 @@ def speedup_by_concurrency(bench: BenchResult, path: pathlib.Path, min_speedup: 
     d = bench.to_dict(with_records=False)
     cs = [lv["concurrency"] for lv in d["levels"]]
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    ymax = 1.0
     for role in bench.roles:
         ys = [lv["models"][role]["output_token_throughput"] or 0 for lv in d["levels"]]
+        ymax = max(ymax, *ys)
         a1.plot(cs, ys, marker="o", color=COLORS[role], label=LABELS[role], linewidth=2)
     a1.set_xscale("log", base=2)
     a1.set_xticks(cs, [str(c) for c in cs])
     a1.set_xlabel("concurrency (requests in flight)")
     a1.set_ylabel("output tokens/s (all users)")
-    a1.set_ylim(bottom=0)
+    a1.set_ylim(0, ymax * 1.15)
     a1.grid(alpha=0.3)
     a1.legend()
     a1.set_title("Output token throughput")
@@ -98,6 +100,7 @@ def speedup_by_concurrency(bench: BenchResult, path: pathlib.Path, min_speedup: 
                        label=f"gate: >= {min_speedup:.2f}x" + (f" at c={at_concurrency}" if at_concurrency else ""))
             top = max(top, min_speedup)
         a2.set_xticks(x, [str(c) for c in cs])
+        _slots(a2, len(cs))
         a2.set_xlabel("concurrency")
         a2.set_ylabel("speculative / baseline (> 1 = speculative better)")
         a2.set_ylim(0, top * 1.15)
@@ -179,6 +182,7 @@ def speedup_by_output_length(bench: BenchResult, path: pathlib.Path) -> pathlib.
         ax.axhline(1.0, color="black", linewidth=1, label="parity (1.0x)")
         counts = [f"{b}\n(n={sp[b]['requests']['speculative']}/{sp[b]['requests']['baseline']})" for b in labels]
         ax.set_xticks(x, counts, fontsize=8)
+        _slots(ax, len(labels))
         ax.set_ylim(0, top * 1.15)
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3, frameon=False)
     else:
@@ -218,6 +222,12 @@ def equivalence_chart(eq, path: pathlib.Path) -> pathlib.Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _slots(ax, n: int, min_slots: int = 3) -> None:
+    """Keep bars slim when there are few groups: centre n groups in at least ``min_slots`` slots."""
+    pad = max(0, min_slots - n) / 2
+    ax.set_xlim(-0.6 - pad, n - 0.4 + pad)
 
 
 def bench_plots(bench: BenchResult, out: pathlib.Path, *, min_speedup: float | None = None,
