@@ -12,10 +12,10 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-from triton_stream import generate, generate_many, metric, metrics
+from triton_stream import generate, generate_many, metric, metrics, raw_stream
 
 from trtspec.config import parse_recipe
-from trtspec.triton.render import package
+from trtspec.triton.render import TEMPLATES, bls_plan, inputs_from_recipe, package, render_model, torch_engine_plan
 from trtspec.triton.server import TritonServer
 
 MAX_TOKENS = 24
@@ -47,8 +47,21 @@ def recipe(tiny_models):
 def server(recipe, tmp_path_factory):
     root = tmp_path_factory.mktemp("triton-serving")
     package(recipe, root / "repo")
+    add_draft_target_bls(root / "repo", recipe)
     with TritonServer(root / "repo", workdir=root / "server", ready_timeout=240) as s:
         yield s
+
+
+def add_draft_target_bls(repo, recipe) -> None:
+    """The TRT-LLM engine flow's draft-target BLS, here over torch models with the same tensors:
+    tensorrt_llm_draft (the draft, decoding plainly) and tensorrt_llm_baseline (the target)."""
+    from dataclasses import replace
+
+    inp = inputs_from_recipe(recipe)
+    s = inp.runtime_spec
+    draft = replace(s, target=s.draft, method="none", draft=None, adaptive=False)
+    render_model(torch_engine_plan("tensorrt_llm_draft", inp, draft, "draft"), TEMPLATES, repo)
+    render_model(bls_plan(inp, "tensorrt_llm_baseline", "tensorrt_llm_draft", 4), TEMPLATES, repo)
 
 
 @pytest.fixture(scope="module")
@@ -239,6 +252,23 @@ def test_draft_input_ids_are_verified_by_the_engine(url, tokenizer):
     assert int(res.as_numpy("total_draft_tokens").reshape(-1)[0]) == 3
     assert int(res.as_numpy("total_accepted_draft_tokens").reshape(-1)[0]) == 3
     assert json.loads(res.as_numpy("perf_json").reshape(-1)[0])["generated"] == 6
+
+
+def test_draft_target_bls_rounds_stream_the_target_greedy_text(url, tokenizer, prompts, in_process):
+    import numpy as np
+
+    g, _ = greedy(in_process[0], tokenizer, prompts[0])
+    ids = tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
+    results = raw_stream(url, "tensorrt_llm_bls", {
+        "input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
+        "request_output_len": np.array([[MAX_TOKENS]], np.int32), "streaming": np.array([[True]], bool)})
+    out = [i for r in results for i in r.as_numpy("output_ids").reshape(-1).tolist()]
+    assert out == g.token_ids
+    assert len(results) > 1  # one response per round
+    perf = json.loads(results[-1].as_numpy("perf_json").reshape(-1)[0])
+    assert perf["drafted"] > 0 and 0 < perf["accepted"] <= perf["drafted"]
+    assert int(results[-1].as_numpy("total_draft_tokens").reshape(-1)[0]) == perf["drafted"]
+    assert perf["target_passes"] == len(results) and perf["generated"] == len(out)
 
 
 def _wait(results, n, timeout=60):

@@ -136,3 +136,30 @@ def metric(values: dict[str, float], name: str, **labels) -> float:
         if all(f'{k}="{val}"' in rest for k, val in labels.items()):
             total += v
     return total
+
+
+def raw_stream(url: str, model: str, tensors: dict, timeout: float = 120) -> list:
+    """One request with raw tensors (name → array, any shape) on a stream; its results, in order."""
+    client = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((result, error)))
+    ins = []
+    for name, arr in tensors.items():
+        dt = {np.dtype(np.int32): "INT32", np.dtype(bool): "BOOL", np.dtype(np.float32): "FP32",
+              np.dtype(np.uint64): "UINT64"}[arr.dtype]
+        t = grpcclient.InferInput(name, list(arr.shape), dt)
+        t.set_data_from_numpy(arr)
+        ins.append(t)
+    out = []
+    try:
+        client.async_stream_infer(model, ins, enable_empty_final_response=True)
+        while True:
+            result, error = q.get(timeout=timeout)
+            if error is not None:
+                raise AssertionError(f"{model}: {error}")
+            out.append(result)
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                return out
+    finally:
+        client.stop_stream()
+        client.close()

@@ -333,7 +333,8 @@ def _ensemble(name: str, inp: ServingInputs, router: str) -> ModelPlan:
     }, role="speculative path" if router == "router" else "baseline path")
 
 
-def _torch_engine(name: str, inp: ServingInputs, spec, served_by: str) -> ModelPlan:
+def torch_engine_plan(name: str, inp: ServingInputs, spec, served_by: str) -> ModelPlan:
+    """A torch-runtime generation model serving ``spec`` (a RuntimeSpec) under ``name``."""
     return ModelPlan(name, "tensorrt_llm/torch", {
         "model_name": name,
         "max_batch_size": inp.max_batch_size,
@@ -351,10 +352,10 @@ def _plan_torch(inp: ServingInputs):
 
     plain = replace(spec, method="none", draft=None, adaptive=False)
     if not inp.speculative:
-        return None, "tensorrt_llm", [_torch_engine("tensorrt_llm", inp, plain, "baseline")]
+        return None, "tensorrt_llm", [torch_engine_plan("tensorrt_llm", inp, plain, "baseline")]
     return "tensorrt_llm", "tensorrt_llm_baseline", [
-        _torch_engine("tensorrt_llm", inp, spec, "speculative"),
-        _torch_engine("tensorrt_llm_baseline", inp, plain, "baseline"),
+        torch_engine_plan("tensorrt_llm", inp, spec, "speculative"),
+        torch_engine_plan("tensorrt_llm_baseline", inp, plain, "baseline"),
     ]
 
 
@@ -375,6 +376,16 @@ def _tensorrtllm(name: str, inp: ServingInputs, role: str) -> ModelPlan:
     }, role=f"{role} engine (tensorrtllm backend)")
 
 
+def bls_plan(inp: ServingInputs, target: str, draft: str, num_draft_tokens: int) -> ModelPlan:
+    """``tensorrt_llm_bls``: draft-target rounds over the generation models ``draft`` and ``target``."""
+    return ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls", {
+        "max_batch_size": inp.max_batch_size,
+        "tensorrt_llm_model_name": target,
+        "tensorrt_llm_draft_model_name": draft,
+        "num_draft_tokens": num_draft_tokens,
+    }, role=f"draft-target rounds (BLS over {draft} + {target})")
+
+
 def _plan_trtllm_engine(inp: ServingInputs):
     b = inp.trtllm
     if b is None or "target" not in b.engines:
@@ -385,12 +396,7 @@ def _plan_trtllm_engine(inp: ServingInputs):
         if inp.method == "none":
             return None, "tensorrt_llm", [target]
         draft = _tensorrtllm("tensorrt_llm_draft", inp, "draft")
-        bls = ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls", {
-            "max_batch_size": inp.max_batch_size,
-            "tensorrt_llm_model_name": "tensorrt_llm",
-            "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
-            "num_draft_tokens": b.max_draft_len or inp.max_draft_len,
-        }, role="draft-target rounds (BLS over tensorrt_llm_draft + tensorrt_llm)")
+        bls = bls_plan(inp, "tensorrt_llm", "tensorrt_llm_draft", b.max_draft_len or inp.max_draft_len)
         # without draft tokens the target engine decodes plainly: it is the baseline
         return "tensorrt_llm_bls", "tensorrt_llm", [target, draft, bls]
     if inp.method not in ("eagle", "medusa", "lookahead"):
@@ -469,12 +475,13 @@ def render_repository(
         raise RenderError(f"two models share a name: {names}")
     with atomic_dir(out, overwrite=overwrite) as tmp:
         for plan in plans:
-            _render_model(plan, templates, tmp)
+            render_model(plan, templates, tmp)
         manifest = write_manifest(tmp, REPOSITORY_KIND, **_manifest_fields(inp, plans))
     return RenderedRepository(out, {p.name: p.role for p in plans}, manifest)
 
 
-def _render_model(plan: ModelPlan, templates: pathlib.Path, root: pathlib.Path) -> None:
+def render_model(plan: ModelPlan, templates: pathlib.Path, root: pathlib.Path) -> None:
+    """Render one model folder ``root/plan.name`` (strict; its config.pbtxt parsed first)."""
     src = templates / plan.template
     if not (src / "config.pbtxt").is_file():
         raise RenderError(f"template {src}/config.pbtxt not found", fix="reinstall trtspec (model_repository/)")
