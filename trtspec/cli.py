@@ -533,6 +533,8 @@ def package(config: str, out_dir: str, build_dir: str | None, target: str | None
     for name, role in res.models.items():
         table.add_row(name, role)
     out.print(table)
+    for note in res.notes:
+        err.print(f"[yellow]note:[/] {note}")
     out.print(f"serve it: trtspec serve {res.path}")
 
 

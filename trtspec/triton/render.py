@@ -455,6 +455,10 @@ class RenderedRepository:
     models: dict[str, str]  # name → role
     manifest: dict[str, Any]
 
+    @property
+    def notes(self) -> list[str]:
+        return self.manifest.get("notes", [])
+
 
 def render_repository(
     inp: ServingInputs,
@@ -476,7 +480,7 @@ def render_repository(
     with atomic_dir(out, overwrite=overwrite) as tmp:
         for plan in plans:
             render_model(plan, templates, tmp)
-        manifest = write_manifest(tmp, REPOSITORY_KIND, **_manifest_fields(inp, plans))
+        manifest = write_manifest(tmp, REPOSITORY_KIND, **_manifest_fields(inp, plans), notes=notes(inp))
     return RenderedRepository(out, {p.name: p.role for p in plans}, manifest)
 
 
@@ -531,6 +535,23 @@ def _manifest_fields(inp: ServingInputs, plans: list[ModelPlan]) -> dict[str, An
         "trtllm_build": inp.trtllm.to_dict() if inp.trtllm is not None else None,
         "recipe": inp.recipe,
     }
+
+
+def notes(inp: ServingInputs) -> list[str]:
+    """What the user should know about this repository (e.g. quantization not applied)."""
+    out = []
+    spec, recipe = inp.runtime_spec, inp.recipe
+    if spec is not None:
+        for role, key, folder in (("target", ("target",), spec.target),
+                                  ("draft", ("speculation", "draft"), spec.draft)):
+            node = recipe
+            for k in key:
+                node = (node or {}).get(k) or {}
+            fmt = (node.get("quantization") or {}).get("format", "none")
+            if fmt != "none" and folder == node.get("model"):
+                out.append(f"the recipe quantizes the {role} ({fmt}) but this repository serves the unquantized "
+                           f"folder {folder}; to serve the quantized one, package with --{role} <quantize export>")
+    return out
 
 
 def read_repository_manifest(repo: str | os.PathLike) -> dict[str, Any] | None:
