@@ -140,8 +140,17 @@ def fold_weights(model: CausalLM) -> CausalLM:
     same numbers; weights are static at inference). Activation and KV quantizers stay active."""
     import modelopt.torch.quantization as mtq
 
+    from modelopt.torch.quantization.nn import SequentialQuantizer
+
     with torch.no_grad():
         mtq.fold_weight(model)
+        # ModelOpt 0.47 leaves chained weight quantizers (W4A8: INT4 blocks, then FP8) unfolded
+        for mod in model.modules():
+            wq = getattr(mod, "weight_quantizer", None)
+            if isinstance(wq, SequentialQuantizer) and any(q.is_enabled for q in wq):
+                mod.weight.data.copy_(wq(mod.weight))
+                for q in wq:
+                    q.disable()
     return model
 
 

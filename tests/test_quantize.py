@@ -1,0 +1,291 @@
+"""`trtspec quantize`: real ModelOpt on the tiny pair, every format on CPU, every export read back.
+
+Cost control (the suite runs on 2 shared cores): each format is quantized once per module
+(4 × 64 calibration tokens, a small quality measurement) and the result is shared by the tests
+that need it; the HF / TRT-LLM exports run on the 1-layer draft.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+
+from trtspec.config import ModelSpec
+from trtspec.errors import ConfigError, ModelError, StageError
+from trtspec.quantize import FORMATS, QualitySettings, Refused, check_combination, make_quantization, quantize_model
+
+FAST = QualitySettings(eval_windows=2, eval_seq_len=64, prompts=2, prompt_tokens=24, max_new_tokens=12)
+KV = {"fp8": "fp8", "int8_sq": "int8"}  # exercise both KV-cache formats on the way
+ACTIVATIONS = {"fp8", "int8_sq", "w4a8_awq", "nvfp4"}  # formats that also quantize activations
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(prev)
+
+
+@pytest.fixture(scope="module")
+def quantized_target(tiny_models, tmp_path_factory):
+    """fmt → QuantizeResult of the tiny target (torch export, --pair the draft); quantized once."""
+    target, draft = tiny_models
+    root = tmp_path_factory.mktemp("quantized")
+    done: dict = {}
+
+    def get(fmt: str):
+        if fmt not in done:
+            q = make_quantization(fmt, KV.get(fmt, "none"), calib_size=4, calib_seq_len=64)
+            done[fmt] = quantize_model(target, q, "torch", root / f"target-{fmt}", pair=draft, quality=FAST)
+        return done[fmt]
+
+    return get
+
+
+def _no_leftovers(out: pathlib.Path) -> None:
+    assert not out.exists()
+    assert not list(out.parent.glob(f".{out.name}.tmp-*")), "a temporary export folder was left behind"
+
+
+# --------------------------------------------------------------------------------------------
+# every format on CPU: torch export restores, matches ModelOpt, serves with speculation
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_format_quantizes_and_torch_export_restores(fmt, quantized_target, tiny_models):
+    import modelopt.torch.opt as mto
+    from transformers import AutoModelForCausalLM
+
+    from trtspec.quantize.runtime import load_quantized, prepare_modelopt, quiet
+    from trtspec.speculative.model import load_causal_lm
+
+    target, _ = tiny_models
+    res = quantized_target(fmt)
+    out = res.out_dir
+    m = json.loads((out / "trtspec.json").read_text())
+    assert (m["kind"], m["export"], m["format"], m["kv_cache"]) == ("quantized", "torch", fmt, KV.get(fmt, "none"))
+    assert m["modelopt_version"] == "0.47.0" and len(m["source"]["sha256"]) == 64
+    assert m["calibration"]["dataset"] == "builtin" and m["calibration"]["tokens"] == 4 * 64
+    assert m["role"] == "target"
+
+    q = json.loads((out / "quality.json").read_text())
+    assert 0.8 <= q["top1_agreement"] <= 1.0 and q["kl_divergence"] >= 0
+    assert abs(q["perplexity_change_pct"]) < 10
+    assert q["runtime_vs_modelopt_max_abs_diff"] < 1e-4
+    acc = q["acceptance"]
+    assert acc["quantized"] == "target" and acc["before"]["drafted"] > 0 and acc["after"]["drafted"] > 0
+    assert acc["speculative_greedy_identical"] is True
+
+    # the export restores onto our CausalLM with quantizers active (weights folded: quantized once)
+    model = load_quantized(out)
+    enabled = {n.rsplit(".", 1)[-1] for n, mod in model.named_modules() if n.endswith("_quantizer") and mod.is_enabled}
+    assert ("input_quantizer" in enabled) == (fmt in ACTIVATIONS), enabled
+    assert ("k_bmm_quantizer" in enabled) == (fmt in KV), enabled
+    base = load_causal_lm(target)
+    w, w0 = model.model.layers[0].mlp.down_proj.weight, base.model.layers[0].mlp.down_proj.weight
+    assert not torch.equal(w, w0)  # fake-quantized (SmoothQuant/AWQ also rescale it)
+    # ... and computes what ModelOpt's own fake-quant HF model restored from the same state computes
+    prepare_modelopt()
+    with quiet():
+        hf = mto.restore(AutoModelForCausalLM.from_pretrained(str(target), dtype=torch.float32), str(out / "modelopt_state.pth"))
+    x = torch.randint(0, model.args.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        ours, ref = model(x, None), hf(input_ids=x).logits
+    assert (ours - ref).abs().max() < 1e-4 * max(1.0, float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("fmt", list(FORMATS))
+def test_quantized_target_speculative_greedy_equals_plain(fmt, quantized_target, tiny_models):
+    from transformers import AutoTokenizer
+
+    from trtspec.prompts import stdlib_snippets
+    from trtspec.speculative.runtime import RuntimeSpec, build_engine
+    from trtspec.speculative.sampling import SamplingParams
+
+    _, draft = tiny_models
+    out = quantized_target(fmt).out_dir
+    tok = AutoTokenizer.from_pretrained(str(out))  # the export carries the tokenizer
+    prompts = [tok(p, add_special_tokens=False)["input_ids"][:32] for p in stdlib_snippets(2)]
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    common = dict(target=str(out), max_batch_size=2, max_seq_len=96, max_draft_len=4)
+    plain = build_engine(RuntimeSpec(method="none", **common)).generate(prompts, params)
+    spec = build_engine(RuntimeSpec(method="draft_target", draft=str(draft), **common)).generate(prompts, params)
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    assert sum(g.stats.accepted for g in spec) > 0
+
+
+def test_nvfp4_cpu_emulation_equals_modelopt_real_quantization():
+    from modelopt.torch.quantization.qtensor.nvfp4_tensor import NVFP4QTensor
+
+    from trtspec.quantize.nvfp4_cpu import nvfp4_fake_quant
+
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(0)) * 0.05
+    w[0, :16] = 0  # an all-zero block
+    w[1, :16] = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 2) * 0.01  # E2M1 ties
+    amax = w.abs().amax()
+    q, scale, scale2 = NVFP4QTensor.quantize(w, 16, weights_scaling_factor_2=amax / (6 * 448))
+    ref = q.dequantize(dtype=torch.float32, scale=scale, double_scale=scale2, block_sizes={-1: 16})
+    assert torch.equal(nvfp4_fake_quant(w, amax), ref)
+
+
+# --------------------------------------------------------------------------------------------
+# HF and TRT-LLM exports load back (on the 1-layer draft: fast)
+
+
+def test_hf_export_from_recipe_spec(tiny_models, tmp_path):
+    _, draft = tiny_models
+    spec = ModelSpec(model=str(draft), quantization={"format": "fp8", "kv_cache": "fp8",
+                                                      "calibration": {"size": 4, "seq_len": 64}})
+    out = tmp_path / "draft-fp8"
+    res = quantize_model(spec.model, spec.quantization, "hf", out, quality=None)
+    assert res.quality is None and not (out / "quality.json").exists()
+    hq = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert (hq["quant_algo"], hq["kv_cache_quant_algo"]) == ("FP8", "FP8")
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["quantization_config"]["quant_method"] == "modelopt"
+    assert cfg["architectures"] == ["LlamaForCausalLM"]
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.get_tensor("model.layers.0.mlp.down_proj.weight").dtype == torch.float8_e4m3fn
+    for k in ("weight_scale", "input_scale"):
+        assert f"model.layers.0.self_attn.q_proj.{k}" in keys
+    assert {"model.layers.0.self_attn.k_proj.k_scale", "model.layers.0.self_attn.v_proj.v_scale"} <= keys
+    assert (out / "tokenizer.json").is_file()
+    m = json.loads((out / "trtspec.json").read_text())
+    assert (m["export"], m["quant_algo"], m["kv_cache_quant_algo"], m["role"]) == ("hf", "FP8", "FP8", "draft")
+
+
+def test_trtllm_export_loads_back(tiny_models, tmp_path):
+    _, draft = tiny_models
+    out = tmp_path / "draft-int8sq"
+    q = make_quantization("int8_sq", "int8", calib_size=4, calib_seq_len=64)
+    quantize_model(draft, q, "trtllm", out, quality=None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architecture"] == "LlamaForCausalLM" and cfg["mapping"]["tp_size"] == 1
+    assert cfg["quantization"]["quant_algo"] == "W8A8_SQ_PER_CHANNEL"
+    assert cfg["quantization"]["kv_cache_quant_algo"] == "INT8"
+    with safe_open(str(out / "rank0.safetensors"), "pt") as f:
+        assert f.get_tensor("transformer.layers.0.attention.qkv.weight").dtype == torch.int8
+        assert "transformer.layers.0.attention.qkv.activation_scaling_factor" in set(f.keys())
+    m = json.loads((out / "trtspec.json").read_text())
+    assert (m["export"], m["checkpoint_dtype"], m["tensor_parallel"]) == ("trtllm", "float16", 1)
+
+
+def test_cli_quantize_draft_with_pair(tiny_models, tmp_path):
+    from trtspec.cli import main
+
+    target, draft = tiny_models
+    out = tmp_path / "cli-draft-int8wo"
+    r = CliRunner().invoke(main, [
+        "quantize", "--model", str(draft), "--format", "int8_wo", "--export", "hf", "-o", str(out),
+        "--pair", str(target), "--calib-size", "4", "--calib-seq-len", "64", "--eval-windows", "2",
+        "--eval-seq-len", "64", "--prompts", "2", "--max-new-tokens", "8", "--threads", "2",
+    ])
+    assert r.exit_code == 0, r.output
+    assert "top-1 agreement" in r.output and "acceptance rate" in r.output
+    q = json.loads((out / "quality.json").read_text())
+    assert q["acceptance"]["quantized"] == "draft" and q["role"] == "draft"
+    assert json.loads((out / "hf_quant_config.json").read_text())["quantization"]["quant_algo"] == "W8A16"
+
+
+# --------------------------------------------------------------------------------------------
+# bad input: clear errors, nothing half-written
+
+
+def test_missing_model_folder(tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ModelError, match="model folder not found"):
+        quantize_model(tmp_path / "nope", make_quantization("fp8"), "hf", out)
+    _no_leftovers(out)
+
+
+def test_unknown_format_library_and_cli(tiny_models, tmp_path):
+    from trtspec.cli import main
+
+    with pytest.raises(ConfigError, match=r"quantization\.format.*fp9") as e:
+        make_quantization("fp9")
+    assert "nvfp4" in e.value.fix
+    with pytest.raises(ConfigError, match=r"quantization\.kv_cache"):
+        make_quantization("fp8", "fp4")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["quantize", "--model", str(tiny_models[0]), "--format", "fp9", "--export", "hf", "-o", str(out)])
+    assert r.exit_code == 2 and "quantization.format" in r.output and "int4_awq" in r.output
+    _no_leftovers(out)
+
+
+def test_empty_and_short_calibration_files(tiny_models, tmp_path):
+    out = tmp_path / "out"
+    empty = tmp_path / "calib.jsonl"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match=r"calibration\.dataset.*empty"):
+        quantize_model(tiny_models[1], make_quantization("fp8", calib=str(empty)), "torch", out)
+    _no_leftovers(out)
+    short = tmp_path / "short.txt"
+    short.write_text("x = 1\n")
+    with pytest.raises(ConfigError, match=r"fewer than seq_len=64 tokens"):
+        quantize_model(tiny_models[1], make_quantization("int8_wo", calib=str(short), calib_seq_len=64), "torch", out,
+                       quality=None)
+    _no_leftovers(out)
+
+
+def test_unsupported_architecture(tiny_models, tmp_path):
+    src = tmp_path / "gpt2"
+    shutil.copytree(tiny_models[1], src)
+    cfg = json.loads((src / "config.json").read_text())
+    cfg["architectures"], cfg["model_type"] = ["GPT2LMHeadModel"], "gpt2"
+    (src / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "out"
+    with pytest.raises(ModelError, match=r"GPT2LMHeadModel.*LlamaForCausalLM"):
+        quantize_model(src, make_quantization("fp8"), "hf", out)
+    _no_leftovers(out)
+
+
+def test_failure_after_export_leaves_nothing(tiny_models, tmp_path):
+    """The pair only fails to load in the quality stage, after the export was written: the
+    temporary folder goes, OUT never appears."""
+    pair = tmp_path / "broken-target"
+    shutil.copytree(tiny_models[0], pair)
+    (pair / "model.safetensors").write_bytes(b"not a safetensors file")
+    out = tmp_path / "out"
+    with pytest.raises(StageError, match="no output folder was written"):
+        quantize_model(tiny_models[1], make_quantization("int8_wo", calib_size=4, calib_seq_len=64), "torch", out,
+                       pair=pair, quality=FAST)
+    _no_leftovers(out)
+
+
+def test_refuses_to_replace_a_foreign_folder(tiny_models, tmp_path):
+    out = tmp_path / "important"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match="refusing to replace"):
+        quantize_model(tiny_models[1], make_quantization("fp8"), "torch", out)
+    assert (out / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ConfigError, match="is the --model folder"):
+        quantize_model(tiny_models[1], make_quantization("fp8"), "torch", tiny_models[1])
+
+
+def test_refused_combinations(tiny_models, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(Refused, match="Blackwell") as e:
+        quantize_model(tiny_models[1], make_quantization("nvfp4"), "hf", out, gpu_arch="hopper")
+    assert e.value.field == "quantization.format" and "--force" in e.value.fix
+    with pytest.raises(Refused, match="PyTorch flow does not load INT8 SmoothQuant"):
+        quantize_model(tiny_models[1], make_quantization("int8_sq"), "hf", out)
+    _no_leftovers(out)
+    with pytest.raises(Refused, match="TRT-LLM#3207"):
+        check_combination("int8_sq", role="eagle3_head", export="torch")
+    with pytest.raises(Refused, match="FP8 tensor cores"):
+        check_combination("int4_awq", "fp8", gpu_arch="ampere")
+    with pytest.raises(ConfigError, match="no exporter"):
+        check_combination("fp8", role="eagle3_head", export="trtllm", force=True)
+    warnings = check_combination("nvfp4", gpu_arch="hopper", force=True)
+    assert any(w.startswith("forced:") and "Blackwell" in w for w in warnings)
+    assert any("needs Blackwell" in w for w in check_combination("nvfp4"))
+    assert check_combination("fp8", "fp8", gpu_arch="hopper", export="hf") == []
