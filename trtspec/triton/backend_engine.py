@@ -131,6 +131,8 @@ class _Stream:
             self.first_accepted = int(ev.new_tokens[0] == self.first_draft)
         counters = self.counters(ev.stats)
         perf = self.perf_json(ev.stats) if ev.finished else ""
+        if ev.finished:  # before the final response: a client that reads /metrics next sees this request
+            self.model.metrics.apply(finished_metric_ops(ev.stats))
         if self.req.streaming:
             if ev.new_tokens or ev.finished:
                 tensors = response_tensors(pb, ev.new_tokens, counters, self.model.served_by, perf)
@@ -143,7 +145,6 @@ class _Stream:
                 self.sender.send(pb.InferenceResponse(output_tensors=tensors),
                                  flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if ev.finished:
-            self.model.metrics.apply(finished_metric_ops(ev.stats))
             return None
         # is_cancelled() is a round trip to the server: ask a few times a second, not every step
         now = time.monotonic()
