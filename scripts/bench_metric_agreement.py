@@ -36,7 +36,7 @@ import tempfile
 import time
 
 from trtspec.client.client import load_tokenizer
-from trtspec.client.loadgen import BenchSettings, run_bench
+from trtspec.client.loadgen import BenchSettings, run_bench, shape_prompts
 from trtspec.client.types import Sampling
 from trtspec.prompts import load_prompts
 from trtspec.speculative.stats import percentile
@@ -119,13 +119,17 @@ def ours(url, model, prompts, max_tokens, concurrency, requests, tokenizer_dir) 
     settings = BenchSettings(concurrency=(concurrency,), requests=requests, warmup=2, output_lens=(max_tokens,),
                              sampling=Sampling(max_tokens=max_tokens), speculative_model=model, baseline_model=None,
                              block=requests)  # one block: a steady closed loop, like perf_analyzer's
+    cpu0 = time.process_time()
     res = run_bench(url, prompts, settings, tokenizer=tokenizer_dir)
+    cpu = time.process_time() - cpu0
     s = res.levels[0].summary("speculative")  # the numbers `trtspec bench` reports
     return {"requests": s["requests"], "ttft_mean_s": s["ttft_s"]["mean"], "ttft_p50_s": s["ttft_s"]["p50"],
             "request_latency_mean_s": s["request_latency_s"]["mean"],
             "request_latency_p50_s": s["request_latency_s"]["p50"],
             "output_token_throughput": s["output_token_throughput"], "request_throughput": s["request_throughput"],
-            "output_tokens": s["output_tokens"], "duration_s": s["duration_s"]}
+            "output_tokens": s["output_tokens"], "duration_s": s["duration_s"],
+            # the client's own CPU on a 2-core box competes with the server it measures
+            "client_cpu_s_per_request": cpu / (requests + settings.warmup + concurrency - 1)}
 
 
 @contextlib.contextmanager
@@ -156,16 +160,20 @@ def main() -> None:
     ap.add_argument("--tokenizer", default=str(ROOT / "models" / "tiny-target"))
     ap.add_argument("--concurrency", default="1,4")
     ap.add_argument("--requests", type=int, default=24)
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds per level; medians are compared")
+    ap.add_argument("--rounds", type=int, default=5, help="alternating rounds per level; medians are compared")
     ap.add_argument("--max-tokens", type=int, default=32)
     ap.add_argument("--num-prompts", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=64, help="tokens per prompt (cut/extended)")
     ap.add_argument("--perf-venv", default=str(ROOT / ".venv-perf"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
 
     binary, env = perf_analyzer_env(pathlib.Path(args.perf_venv))
     tok = load_tokenizer(args.tokenizer)
-    prompts = load_prompts("builtin:code", args.num_prompts)
+    # equal-length prompts (as GenAI-Perf's synthetic inputs): perf_analyzer walks its input list in
+    # its own order per concurrent stream, so with mixed lengths the two tools would prefill
+    # different prompt mixes and TTFT would differ for that reason alone
+    prompts = [p.text for p in shape_prompts(load_prompts("builtin:code", args.num_prompts), [args.prompt_len], tok)]
     levels = [int(c) for c in args.concurrency.split(",")]
     rows = []
     with tempfile.TemporaryDirectory(prefix="trtspec-agreement-") as tmp:
@@ -195,7 +203,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, {platform.platform()}",
         "server": args.url or "tiny CPU deployment (build_configs/tiny-cpu-draft-target.yaml), tritonserver 2.51",
-        "model": args.model, "prompts": f"builtin:code x{args.num_prompts}", "max_tokens": args.max_tokens,
+        "model": args.model, "prompts": f"builtin:code x{args.num_prompts}, {args.prompt_len} tokens each", "max_tokens": args.max_tokens,
         "requests_per_level": args.requests, "rounds": args.rounds, "tolerance": TOLERANCE, "levels": rows,
         "all_within_tolerance": all(r["within_tolerance"] for r in rows),
     }
