@@ -120,7 +120,10 @@ def test_log_parsing():
         "E1202 model_lifecycle.cc:642] \"failed to load 'tensorrt_llm' version 1: Internal: ModelError: no such file\"",
         "| router | 1 | UNAVAILABLE: Internal: boom |",
     ])
-    assert model_failures(log) == {"tensorrt_llm": 'Internal: ModelError: no such file"', "router": "Internal: boom"}
+    assert model_failures(log) == {"tensorrt_llm": "Internal: ModelError: no such file", "router": "Internal: boom"}
+    stub_error = ("E1202 model_lifecycle.cc:642] \"failed to load 'm' version 1: Internal: ModelError: target "
+                  "model folder not found: /x\\n  fix: check the path\\n\\nAt:\\n  /t/runtime.py(112): build\\n\"")
+    assert model_failures(stub_error) == {"m": "Internal: ModelError: target model folder not found: /x; fix: check the path"}
     assert models_still_loading(log) == []
     assert models_still_loading('"loading: a:1"\n"loading: b:1"\n"successfully loaded \'a\'"') == ["b"]
 

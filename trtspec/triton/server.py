@@ -126,17 +126,25 @@ _LOADED = re.compile(r"successfully loaded '([^']+)'")
 _TABLE_ROW = re.compile(r"^\|\s*(\S+)\s*\|\s*(\S+)\s*\|\s*(UNAVAILABLE: .*?)\s*\|?\s*$")
 
 
+def _reason(raw: str) -> str:
+    """One readable line from a logged load error: the log escapes newlines and quotes, and a
+    python model's error ends with the stub's traceback ("At: ...")."""
+    text = raw.strip().rstrip('"').replace("\\n", "\n").replace('\\"', '"')
+    text = text.split("\n\nAt:")[0]
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
 def model_failures(log: str) -> dict[str, str]:
     """{model: reason} for every model the server log says failed to load."""
     out: dict[str, str] = {}
     for line in log.splitlines():
         m = _FAILED.search(line)
         if m:
-            out.setdefault(m.group(1), m.group(2).strip())
+            out.setdefault(m.group(1), _reason(m.group(2)))
             continue
         m = _TABLE_ROW.match(line.strip())
         if m and m.group(1) != "Model":
-            out.setdefault(m.group(1), m.group(3)[len("UNAVAILABLE: "):].strip())
+            out.setdefault(m.group(1), _reason(m.group(3)[len("UNAVAILABLE: "):]))
     return out
 
 
