@@ -114,6 +114,8 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
         old = env.get("LD_LIBRARY_PATH")
         env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + old if old else "")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the stubs often run with no locale (C/POSIX → ascii): model.py reads our UTF-8 JSON/manifests
+    env["PYTHONUTF8"] = "1"
     return env
 
 
