@@ -289,3 +289,76 @@ def test_refused_combinations(tiny_models, tmp_path):
     assert any(w.startswith("forced:") and "Blackwell" in w for w in warnings)
     assert any("needs Blackwell" in w for w in check_combination("nvfp4"))
     assert check_combination("fp8", "fp8", gpu_arch="hopper", export="hf") == []
+
+
+# --------------------------------------------------------------------------------------------
+# an EAGLE-3 head, quantized on its own against its (unquantized) target
+
+
+@pytest.fixture(scope="module")
+def eagle3_head_dir(tiny_models, tmp_path_factory) -> pathlib.Path:
+    """A small-random-weight EAGLE-3 head for the tiny target (quantization does not need a
+    trained head; acceptance is then ~0, and greedy output must still equal the target's)."""
+    from dataclasses import replace
+
+    from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig, default_aux_layers, save_head
+    from trtspec.speculative.model import load_causal_lm
+
+    target = load_causal_lm(tiny_models[0])
+    cfg = HeadConfig(replace(target.args, num_hidden_layers=1), default_aux_layers(target.args.num_hidden_layers))
+    head = Eagle3Head(cfg, target.model.embed_tokens, target.lm_head)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _, p in head.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * 0.02 if p.dim() == 2 else torch.ones_like(p))
+    folder = tmp_path_factory.mktemp("eagle3") / "head"
+    save_head(head, folder)
+    return folder
+
+
+def test_eagle3_head_quantizes_exports_and_drafts(eagle3_head_dir, tiny_models, tmp_path):
+    from trtspec.quantize.eagle3_head import load_quantized_head
+    from trtspec.speculative.eagle3 import Eagle3Proposer
+    from trtspec.speculative.engine import Engine
+    from trtspec.speculative.model import load_causal_lm
+    from trtspec.speculative.sampling import SamplingParams
+
+    target_dir = tiny_models[0]
+    q = make_quantization("fp8", "fp8", calib_size=4, calib_seq_len=64)
+    res = quantize_model(eagle3_head_dir, q, "torch", tmp_path / "head-torch", pair=target_dir, quality=FAST)
+    assert res.role == "eagle3_head" and res.manifest["target"]["path"] == str(target_dir.resolve())
+    rep = res.quality
+    assert rep["acceptance"]["quantized"] == "eagle3_head" and rep["acceptance"]["after"]["drafted"] > 0
+    assert rep["runtime_vs_modelopt_max_abs_diff"] < 1e-4 and rep["top1_agreement"] > 0.5
+
+    target = load_causal_lm(target_dir)
+    head = load_quantized_head(res.out_dir, target)
+    assert head.fc.input_quantizer.is_enabled and head.layers[0].self_attn.k_bmm_quantizer.is_enabled
+    prompts = [[5, 17, 99, 250, 31, 7], [400, 12, 3, 3, 81]]
+    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    plain = Engine(target, None, max_batch_size=2, max_seq_len=64).generate(prompts, params)
+    spec = Engine(target, Eagle3Proposer(head, 2, 72), max_draft_len=3, max_batch_size=2, max_seq_len=64).generate(prompts, params)
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+
+    out = tmp_path / "head-hf"
+    quantize_model(eagle3_head_dir, q, "hf", out, pair=target_dir, quality=None)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["quantization_config"]["quant_algo"] == "FP8"
+    hq = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
+    assert (hq["quant_algo"], hq["kv_cache_quant_algo"], hq["exclude_modules"]) == ("FP8", "FP8", ["lm_head"])
+    with safe_open(str(out / "model.safetensors"), "pt") as f:
+        assert f.get_tensor("fc.weight").dtype == torch.float8_e4m3fn
+        assert f.get_tensor("layers.0.self_attn.q_proj.weight").dtype == torch.float8_e4m3fn
+        assert f.get_tensor("lm_head.weight").dtype == torch.float32
+        assert {"fc.weight_scale", "fc.input_scale", "layers.0.self_attn.k_proj.k_scale"} <= set(f.keys())
+
+
+def test_eagle3_head_bad_input(eagle3_head_dir, tiny_models, tmp_path):
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="pass the head's target: --pair"):
+        quantize_model(eagle3_head_dir, make_quantization("fp8"), "torch", out)
+    with pytest.raises(Refused, match="TRT-LLM#3207"):
+        quantize_model(eagle3_head_dir, make_quantization("int8_sq"), "torch", out, pair=tiny_models[0])
+    with pytest.raises(ConfigError, match="no exporter"):
+        quantize_model(eagle3_head_dir, make_quantization("fp8"), "trtllm", out, pair=tiny_models[0])
+    _no_leftovers(out)

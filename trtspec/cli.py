@@ -332,7 +332,7 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
 
 @main.command()
 @click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False),
-              help="HF checkpoint folder to quantize (the target or the draft).")
+              help="Folder to quantize: a target or draft HF checkpoint, or an EAGLE-3 head (with --pair TARGET).")
 @click.option("--format", "fmt", required=True,
               help="fp8 | int8_sq | int8_wo | int4_wo | int4_awq | w4a8_awq | nvfp4")
 @click.option("--kv-cache", default="none", show_default=True, help="KV-cache quantization: none | fp8 | int8.")
@@ -347,7 +347,7 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
               help="New folder for the export (+ trtspec.json, quality.json); written atomically.")
 @click.option("--pair", type=click.Path(file_okay=False), default=None,
               help="The counterpart model (the draft when quantizing the target, the target when quantizing "
-                   "the draft): quality.json then reports acceptance before/after.")
+                   "the draft or an EAGLE-3 head): quality.json then reports acceptance before/after.")
 @click.option("--role", type=click.Choice(["auto", "target", "draft"]), default="auto", show_default=True,
               help="auto: the folder's manifest, else the larger of --model and --pair is the target.")
 @click.option("--gpu-arch", type=click.Choice(["any", "ampere", "ada", "hopper", "blackwell"]), default="any",
@@ -370,7 +370,7 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
 def quantize(model_dir, fmt, kv_cache, calib, calib_size, calib_seq_len, export, out_dir, pair, role, gpu_arch,
              force, dtype, device, threads, eval_windows, eval_seq_len, num_prompts, max_new_tokens, max_draft_len,
              no_quality, as_json):
-    """Quantize a target or draft with NVIDIA ModelOpt and export it for one runtime.
+    """Quantize a target, a draft or an EAGLE-3 head with NVIDIA ModelOpt and export it for one runtime.
 
     Writes OUT (atomically): the export, trtspec.json (format, source hash, ModelOpt version,
     calibration set) and quality.json: top-1 agreement, KL divergence and perplexity change

@@ -37,7 +37,7 @@ import torch
 from trtspec.config import Calibration, Quantization
 from trtspec.errors import ConfigError, ModelError, StageError
 from trtspec.manifest import atomic_dir, hash_folder, maybe_manifest, write_manifest
-from trtspec.quantize.calib import TextWindows, calibration_windows, heldout_windows, read_text_file
+from trtspec.quantize.calib import calibration_windows, heldout_windows, read_text_file
 from trtspec.quantize.formats import (
     EXPORTS,
     FORMATS,
@@ -47,7 +47,9 @@ from trtspec.quantize.formats import (
     modelopt_config,
 )
 from trtspec.quantize.quality import QualitySettings, acceptance, compare_logits
-from trtspec.speculative.model import SUPPORTED_ARCHS, CausalLM, ModelArgs, load_causal_lm, read_hf_config
+from trtspec.speculative.model import SUPPORTED_ARCHS, ModelArgs, load_causal_lm, read_hf_config
+
+EAGLE3_ARCH = "LlamaForCausalLMEagle3"  # trtspec.speculative.eagle3.ARCHITECTURE (not imported: cheap validation)
 
 Progress = Callable[[str, int, int, dict], None]  # (phase, step, total, info)
 
@@ -77,18 +79,19 @@ class QuantizeResult:
 # validation (cheap, before any ModelOpt import)
 
 
-def _check_model_dir(model_dir: pathlib.Path, what: str = "model") -> dict:
+def _check_model_dir(model_dir: pathlib.Path, what: str = "model", *, allow_head: bool = False) -> dict:
     if not model_dir.is_dir():
         raise ModelError(f"{what} folder not found: {model_dir}",
                          fix="pass an HF checkpoint folder (config.json + *.safetensors + tokenizer), e.g. models/tiny-target")
     cfg = read_hf_config(model_dir)
     archs = cfg.get("architectures") or []
     arch = archs[0] if archs else None
-    if arch not in SUPPORTED_ARCHS:
+    if arch not in SUPPORTED_ARCHS and not (allow_head and arch == EAGLE3_ARCH):
+        handled = sorted(SUPPORTED_ARCHS) + ([EAGLE3_ARCH] if allow_head else [])
         raise ModelError(
             f"{model_dir / 'config.json'}: architectures={archs or cfg.get('model_type')!r} cannot be quantized by "
             "trtspec: its quality report and torch export run the model in trtspec's runtime, which handles "
-            f"{', '.join(sorted(SUPPORTED_ARCHS))}",
+            f"{', '.join(handled)}",
             fix="use a Llama/Mistral/Qwen2 checkpoint (or ModelOpt's own hf_ptq.py for other architectures)",
         )
     if not list(model_dir.glob("*.safetensors")):
@@ -141,10 +144,9 @@ def _check_calibration(cal: Calibration) -> None:
 # calibration, export
 
 
-def _calibrate(hf_model, cfg: dict, calib: TextWindows, device: torch.device, progress: Progress | None):
+def _calibrate(hf_model, cfg: dict, ids: torch.Tensor, progress: Progress | None):
     import modelopt.torch.quantization as mtq
 
-    ids = calib.ids.to(device)
     n = ids.shape[0]
 
     def forward_loop(model) -> None:
@@ -251,10 +253,13 @@ def quantize_model(
 ) -> QuantizeResult:
     """Quantize ``model_dir`` with ``quantization`` and write ``export`` to ``out_dir``.
 
-    ``role``: target | draft | auto (the folder's manifest role, else the larger of the model and
-    ``pair`` is the target). ``pair``: the counterpart model (the draft when quantizing the target
-    and vice versa) for the acceptance measurement. ``gpu_arch``: the deployment GPU family, for
-    the refusals (e.g. nvfp4 on hopper). ``quality=None`` skips the quality report.
+    ``model_dir``: a target or draft (Llama/Mistral/Qwen2) or an EAGLE-3 head
+    (``LlamaForCausalLMEagle3``; then ``pair`` must be its target: the head is calibrated on the
+    target's features). ``role``: target | draft | auto (an EAGLE-3 head is always
+    ``eagle3_head``; else the folder's manifest role, else the larger of the model and ``pair``
+    is the target). ``pair``: the counterpart for the acceptance measurement (the draft when
+    quantizing the target and vice versa; the target for a head). ``gpu_arch``: the deployment
+    GPU family, for the refusals (e.g. nvfp4 on hopper). ``quality=None`` skips the report.
     """
     t_start = time.perf_counter()
     model_dir = pathlib.Path(model_dir)
@@ -267,19 +272,28 @@ def quantize_model(
     check_format(fmt)
     if export not in EXPORTS:
         raise ConfigError("export", export, "unknown export", fix=f"use one of: {', '.join(EXPORTS)}")
-    cfg = _check_model_dir(model_dir)
+    cfg = _check_model_dir(model_dir, allow_head=True)
     arch = cfg["architectures"][0]
+    is_head = arch == EAGLE3_ARCH
+    if is_head and pair_dir is None:
+        raise ConfigError("pair", None, "an EAGLE-3 head is calibrated and measured on its target's hidden states",
+                          fix="pass the head's target: --pair TARGET_DIR")
     if pair_dir is not None:
         pair_cfg = _check_model_dir(pair_dir, "--pair model")
         if pair_cfg.get("vocab_size") != cfg.get("vocab_size"):
             raise ConfigError("pair", str(pair_dir),
                               f"vocab_size {pair_cfg.get('vocab_size')} differs from the model's {cfg.get('vocab_size')}: "
                               "draft and target must share a tokenizer", fix="pass the model's draft/target counterpart")
-    role = _resolve_role(role, model_dir, pair_dir)
+    if is_head:
+        if role not in ("auto", "eagle3_head"):
+            raise ConfigError("role", role, f"{model_dir} is an EAGLE-3 head", fix="use --role auto")
+        role = "eagle3_head"
+    else:
+        role = _resolve_role(role, model_dir, pair_dir)
     warnings = check_combination(fmt, kv, role=role, export=export, gpu_arch=gpu_arch, force=quantization.force)
     _check_calibration(quantization.calibration)
     _check_out_dir(out, model_dir, pair_dir)
-    dtype = _resolve_dtype(dtype, cfg)
+    dtype = _resolve_dtype(dtype, pair_cfg if is_head else cfg)
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", device, "CUDA requested but torch sees no GPU", fix="use --device cpu")
@@ -289,8 +303,10 @@ def quantize_model(
         torch.set_num_threads(threads)
     log: list[str] = []
     timings: dict[str, float] = {}
+    tok_dir = pathlib.Path(tokenizer) if tokenizer else (pair_dir if is_head else model_dir)
+    work = (_HeadWork if is_head else _ModelWork)(model_dir, pair_dir, tok_dir, DTYPES[dtype], dev, log)
     try:
-        from trtspec.quantize.runtime import causal_lm_from_quantized, prepare_modelopt, quiet
+        from trtspec.quantize.runtime import prepare_modelopt, quiet
 
         def phase(name: str, t0: float) -> None:
             timings[name] = round(time.perf_counter() - t0, 2)
@@ -301,12 +317,10 @@ def quantize_model(
         prepare_modelopt()
         with quiet(log):
             import modelopt
-            from transformers import AutoModelForCausalLM, AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(str(tokenizer or model_dir))
+            work.load()
             cal = quantization.calibration
-            calib = calibration_windows(cal.dataset, tok, cal.size, cal.seq_len)
-            hf_model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=DTYPES[dtype]).to(dev).eval()
+            calib = calibration_windows(cal.dataset, work.tok, cal.size, cal.seq_len)
         if progress:
             progress("load", 1, 1, {})
         phase("load_s", t0)
@@ -314,20 +328,19 @@ def quantize_model(
         t0 = time.perf_counter()
         with quiet(log):
             qcfg = modelopt_config(fmt, kv, nvfp4_cpu=dev.type == "cpu")
-            qmodel = _calibrate(hf_model, qcfg, calib, dev, progress)
+            work.calibrate(qcfg, calib.ids.to(dev), progress)
         phase("calibrate_s", t0)
         if calib.ids.shape[0] < cal.size:
             warnings.append(f"calibration text gave {calib.ids.shape[0]} windows of {cal.seq_len} tokens, "
                             f"fewer than calib_size={cal.size}")
 
-        args = ModelArgs.from_hf_config(cfg, where=str(model_dir / "config.json"))
         with atomic_dir(out) as tmp:
             t0 = time.perf_counter()
             if progress:
                 progress("export", 0, 1, {"export": export})
             with quiet(log):
-                info = _export(qmodel, export, tmp, model_dir=model_dir, arch=arch, dtype=dtype)
-            info["tokenizer_files"] = _copy_tokenizer(pathlib.Path(tokenizer or model_dir), tmp)
+                info = work.export(export, tmp, arch=arch, dtype=dtype)
+            info["tokenizer_files"] = _copy_tokenizer(tok_dir, tmp)
             if progress:
                 progress("export", 1, 1, {})
             phase("export_s", t0)
@@ -335,8 +348,7 @@ def quantize_model(
             report = None
             if quality is not None:
                 t0 = time.perf_counter()
-                report = _quality(qmodel, args, model_dir, pair_dir, role, tok, dtype, dev, quality, progress,
-                                  causal_lm_from_quantized, log)
+                report = work.quality(role, quality, progress)
                 report.update({"model": str(model_dir.resolve()), "format": fmt, "kv_cache": kv, "export": export,
                                "role": role, "dtype": dtype, "calibration": calib.description})
                 (tmp / "quality.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -368,31 +380,114 @@ def quantize_model(
         torch.set_num_threads(prev_threads)
 
 
-def _quality(qmodel, args, model_dir, pair_dir, role, tok, dtype, dev, s: QualitySettings, progress,
-             to_causal, log) -> dict:
+def _prompts(tok, s: QualitySettings) -> list[list[int]]:
     from trtspec.prompts import stdlib_snippets
-    from trtspec.quantize.runtime import quiet
 
-    base = load_causal_lm(model_dir, dtype=DTYPES[dtype], device=dev)
-    quant = to_causal(qmodel, args).to(dev)
-    with quiet(log):
-        held = heldout_windows(tok, s.eval_windows, s.eval_seq_len)
-    report: dict = {"heldout": held.description, "settings": s.to_dict()}
-    report.update(compare_logits(base, quant, held.ids, batch_size=s.batch_size, progress=progress))
-    # our runtime's fake-quant against ModelOpt's own (the HF model it calibrated), same input
-    with torch.inference_mode():
-        x = held.ids[:1].to(dev)
-        ref = qmodel(input_ids=x).logits.float()
-        ours = quant(x, None).float()
-    report["runtime_vs_modelopt_max_abs_diff"] = float((ref - ours).abs().max())
-    if pair_dir is not None:
-        pair = load_causal_lm(pair_dir, dtype=DTYPES[dtype], device=dev)
-        with quiet(log):
-            prompts = [tok(p, add_special_tokens=False)["input_ids"][: s.prompt_tokens] for p in stdlib_snippets(s.prompts)]
-        report["acceptance"] = {"pair": str(pair_dir.resolve()), "prompts": "builtin:stdlib (held-out)",
-                                **acceptance(quantized_role=role, base=base, quant=quant, pair=pair,
-                                             prompts=prompts, settings=s, progress=progress)}
-    return report
+    return [tok(p, add_special_tokens=False)["input_ids"][: s.prompt_tokens] for p in stdlib_snippets(s.prompts)]
+
+
+class _ModelWork:
+    """A target or draft: calibrated as the HF model (ModelOpt's exporters need it), measured
+    as our CausalLM with the same quantizers."""
+
+    def __init__(self, model_dir, pair_dir, tok_dir, dtype, dev, log):
+        self.model_dir, self.pair_dir, self.tok_dir = model_dir, pair_dir, tok_dir
+        self.dtype, self.dev, self.log = dtype, dev, log
+
+    def load(self) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tok = AutoTokenizer.from_pretrained(str(self.tok_dir))
+        self.hf = AutoModelForCausalLM.from_pretrained(str(self.model_dir), dtype=self.dtype).to(self.dev).eval()
+
+    def calibrate(self, qcfg: dict, ids: torch.Tensor, progress) -> None:
+        self.q = _calibrate(self.hf, qcfg, ids, progress)
+
+    def export(self, export: str, tmp: pathlib.Path, *, arch: str, dtype: str) -> dict:
+        return _export(self.q, export, tmp, model_dir=self.model_dir, arch=arch, dtype=dtype)
+
+    def quality(self, role: str, s: QualitySettings, progress) -> dict:
+        from trtspec.quantize.runtime import causal_lm_from_quantized, quiet
+
+        cfg = read_hf_config(self.model_dir)
+        base = load_causal_lm(self.model_dir, dtype=self.dtype, device=self.dev)
+        quant = causal_lm_from_quantized(self.q, ModelArgs.from_hf_config(cfg)).to(self.dev)
+        with quiet(self.log):
+            held = heldout_windows(self.tok, s.eval_windows, s.eval_seq_len)
+        report: dict = {"heldout": held.description, "settings": s.to_dict()}
+        report.update(compare_logits(base, quant, held.ids.to(self.dev), batch_size=s.batch_size, progress=progress))
+        # our runtime's fake-quant against ModelOpt's own (the HF model it calibrated), same input
+        with torch.inference_mode():
+            x = held.ids[:1].to(self.dev)
+            ref = self.q(input_ids=x).logits.float()
+            ours = quant(x, None).float()
+        report["runtime_vs_modelopt_max_abs_diff"] = float((ref - ours).abs().max())
+        if self.pair_dir is not None:
+            pair = load_causal_lm(self.pair_dir, dtype=self.dtype, device=self.dev)
+            with quiet(self.log):
+                prompts = _prompts(self.tok, s)
+            report["acceptance"] = {"pair": str(self.pair_dir.resolve()), "prompts": "builtin:stdlib (held-out)",
+                                    **acceptance(quantized_role=role, base=base, quant=quant, pair=pair,
+                                                 prompts=prompts, settings=s, progress=progress)}
+        return report
+
+
+class _HeadWork:
+    """An EAGLE-3 head: quantized as trtspec's head module, fed by the unquantized target."""
+
+    def __init__(self, model_dir, pair_dir, tok_dir, dtype, dev, log):
+        self.model_dir, self.pair_dir, self.tok_dir = model_dir, pair_dir, tok_dir
+        self.dtype, self.dev, self.log = dtype, dev, log
+
+    def load(self) -> None:
+        from transformers import AutoTokenizer
+
+        from trtspec.quantize import eagle3_head
+
+        self.tok = AutoTokenizer.from_pretrained(str(self.tok_dir))
+        self.target = load_causal_lm(self.pair_dir, dtype=self.dtype, device=self.dev)
+        self.head = eagle3_head.load_head(self.model_dir, self.target, self.dtype, self.dev)
+
+    def calibrate(self, qcfg: dict, ids: torch.Tensor, progress) -> None:
+        from trtspec.quantize import eagle3_head
+
+        self.q = eagle3_head.calibrate(self.head, self.target, qcfg, ids, CALIB_BATCH, progress)
+
+    def export(self, export: str, tmp: pathlib.Path, *, arch: str, dtype: str) -> dict:
+        from trtspec.quantize import eagle3_head
+
+        fn = {"hf": eagle3_head.export_hf, "torch": eagle3_head.export_torch}[export]
+        info = fn(self.q, tmp, self.model_dir)
+        src = maybe_manifest(self.model_dir) or {}
+        info.update({"checkpoint_dtype": dtype, "feature_norm": src.get("feature_norm", "standard"),
+                     "target": {"path": str(self.pair_dir.resolve()), "sha256": hash_folder(self.pair_dir)}})
+        return info
+
+    def quality(self, role: str, s: QualitySettings, progress) -> dict:
+        from trtspec.quantize import eagle3_head
+        from trtspec.quantize.runtime import quiet
+
+        base = eagle3_head.load_head(self.model_dir, self.target, self.dtype, self.dev)
+        quant = eagle3_head.head_from_quantized(self.q, self.target, self.model_dir)
+        with quiet(self.log):
+            held = heldout_windows(self.tok, s.eval_windows, s.eval_seq_len)
+            prompts = _prompts(self.tok, s)
+        report: dict = {"heldout": held.description, "settings": s.to_dict(),
+                        "metrics_of": "the head's step-0 draft distribution, teacher-forced on target features"}
+        ids = held.ids.to(self.dev)
+        report.update(eagle3_head.compare_head_logits(self.target, base, quant, ids, batch_size=s.batch_size))
+        with torch.inference_mode():  # the restored, folded head against the ModelOpt-quantized one
+            x = ids[:1]
+            ref = eagle3_head.teacher_forced_logits(self.target, self.q, x).float()
+            ours = eagle3_head.teacher_forced_logits(self.target, quant, x).float()
+        report["runtime_vs_modelopt_max_abs_diff"] = float((ref - ours).abs().max())
+        if progress:
+            progress("acceptance", 0, 1, {})
+        report["acceptance"] = {"pair": str(self.pair_dir.resolve()), "prompts": "builtin:stdlib (held-out)",
+                                **eagle3_head.head_acceptance(self.target, base, quant, prompts, s)}
+        if progress:
+            progress("acceptance", 1, 1, {})
+        return report
 
 
 def _summary(report: dict | None) -> dict | None:
