@@ -18,7 +18,15 @@ from safetensors import safe_open
 
 from trtspec.config import ModelSpec
 from trtspec.errors import ConfigError, ModelError, StageError
-from trtspec.quantize import FORMATS, QualitySettings, Refused, check_combination, make_quantization, quantize_model
+from trtspec.quantize import (
+    FORMATS,
+    QualitySettings,
+    Refused,
+    check_combination,
+    make_quantization,
+    quantize_model,
+    quantize_spec,
+)
 
 FAST = QualitySettings(eval_windows=2, eval_seq_len=64, prompts=2, prompt_tokens=24, max_new_tokens=12)
 KV = {"fp8": "fp8", "int8_sq": "int8"}  # exercise both KV-cache formats on the way
@@ -140,12 +148,16 @@ def test_nvfp4_cpu_emulation_equals_modelopt_real_quantization():
 
 
 def test_hf_export_from_recipe_spec(tiny_models, tmp_path):
+    """The pipeline's call: a recipe ModelSpec, the export its runtime consumes, reused when current."""
     _, draft = tiny_models
     spec = ModelSpec(model=str(draft), quantization={"format": "fp8", "kv_cache": "fp8",
                                                       "calibration": {"size": 4, "seq_len": 64}})
     out = tmp_path / "draft-fp8"
-    res = quantize_model(spec.model, spec.quantization, "hf", out, quality=None)
+    res = quantize_spec(spec, out, backend="trtllm-pytorch", quality=None)
+    assert res.export == "hf" and not res.cached
     assert res.quality is None and not (out / "quality.json").exists()
+    again = quantize_spec(spec, out, backend="trtllm-pytorch", quality=None)
+    assert again.cached and again.manifest["key"] == res.manifest["key"]
     hq = json.loads((out / "hf_quant_config.json").read_text())["quantization"]
     assert (hq["quant_algo"], hq["kv_cache_quant_algo"]) == ("FP8", "FP8")
     cfg = json.loads((out / "config.json").read_text())

@@ -7,7 +7,7 @@ Importing this package does not import ModelOpt; the stage imports it when it ru
 
 from trtspec.quantize.formats import EXPORTS, FORMATS, KV_CACHE, Refused, check_combination, export_for_runtime
 from trtspec.quantize.quality import QualitySettings
-from trtspec.quantize.stage import QuantizeResult, make_quantization, quantize_model
+from trtspec.quantize.stage import QuantizeResult, make_quantization, quantize_model, quantize_spec
 
 __all__ = [
     "EXPORTS",
@@ -20,4 +20,5 @@ __all__ = [
     "export_for_runtime",
     "make_quantization",
     "quantize_model",
+    "quantize_spec",
 ]

@@ -34,9 +34,9 @@ from typing import Callable
 
 import torch
 
-from trtspec.config import Calibration, Quantization
+from trtspec.config import Calibration, ModelSpec, Quantization
 from trtspec.errors import ConfigError, ModelError, StageError
-from trtspec.manifest import atomic_dir, hash_folder, maybe_manifest, write_manifest
+from trtspec.manifest import atomic_dir, hash_folder, hash_json, maybe_manifest, write_manifest
 from trtspec.quantize.calib import calibration_windows, heldout_windows, read_text_file
 from trtspec.quantize.formats import (
     EXPORTS,
@@ -44,6 +44,7 @@ from trtspec.quantize.formats import (
     check_combination,
     check_format,
     check_kv_cache,
+    export_for_runtime,
     modelopt_config,
 )
 from trtspec.quantize.quality import QualitySettings, acceptance, compare_logits
@@ -73,6 +74,7 @@ class QuantizeResult:
     warnings: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
     log: list[str] = field(default_factory=list)  # ModelOpt's own output (stdout, warnings)
+    cached: bool = False  # reused an up-to-date export (``reuse=True``)
 
 
 # --------------------------------------------------------------------------------------------
@@ -250,6 +252,7 @@ def quantize_model(
     quality: QualitySettings | None = QualitySettings(),
     threads: int | None = None,
     progress: Progress | None = None,
+    reuse: bool = False,
 ) -> QuantizeResult:
     """Quantize ``model_dir`` with ``quantization`` and write ``export`` to ``out_dir``.
 
@@ -260,6 +263,8 @@ def quantize_model(
     is the target). ``pair``: the counterpart for the acceptance measurement (the draft when
     quantizing the target and vice versa; the target for a head). ``gpu_arch``: the deployment
     GPU family, for the refusals (e.g. nvfp4 on hopper). ``quality=None`` skips the report.
+    ``reuse``: return ``out_dir`` as it is when it was made by the same request from the same
+    inputs (the manifest's ``key``: source and pair hashes, format, export, calibration, ...).
     """
     t_start = time.perf_counter()
     model_dir = pathlib.Path(model_dir)
@@ -297,6 +302,21 @@ def quantize_model(
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", device, "CUDA requested but torch sees no GPU", fix="use --device cpu")
+    # what determines the artifact: an unchanged request on unchanged inputs may reuse it
+    request = {
+        "source_sha256": hash_folder(model_dir),
+        "pair_sha256": hash_folder(pair_dir) if pair_dir is not None else None,
+        "format": fmt, "kv_cache": kv, "export": export, "role": role, "dtype": dtype, "device": dev.type,
+        "calibration": quantization.calibration.model_dump(), "force": quantization.force,
+        "quality": quality.to_dict() if quality is not None else None,
+    }
+    key = hash_json(request)[:16]
+    if reuse:
+        old = maybe_manifest(out)
+        if old and old.get("kind") == "quantized" and old.get("key") == key:
+            report = json.loads((out / "quality.json").read_text()) if (out / "quality.json").is_file() else None
+            return QuantizeResult(out, export, fmt, kv, role, old, report, old.get("warnings", []),
+                                  old.get("timings", {}), cached=True)
 
     prev_threads = torch.get_num_threads()
     if threads:
@@ -357,8 +377,8 @@ def quantize_model(
             timings["total_s"] = round(time.perf_counter() - t_start, 2)
             manifest = write_manifest(
                 tmp, "quantized",
-                export=export, format=fmt, kv_cache=kv, role=role,
-                source={"path": str(model_dir.resolve()), "sha256": hash_folder(model_dir), "architecture": arch},
+                export=export, format=fmt, kv_cache=kv, role=role, key=key,
+                source={"path": str(model_dir.resolve()), "sha256": request["source_sha256"], "architecture": arch},
                 modelopt_version=modelopt.__version__,
                 modelopt_config=qcfg,
                 calibration=calib.description,
@@ -378,6 +398,23 @@ def quantize_model(
         ) from e
     finally:
         torch.set_num_threads(prev_threads)
+
+
+def quantize_spec(
+    spec: ModelSpec,
+    out_dir: str | os.PathLike,
+    *,
+    backend: str,
+    role: str = "auto",
+    pair: str | os.PathLike | None = None,
+    gpu_arch: str = "any",
+    **kwargs,
+) -> QuantizeResult:
+    """The pipeline's quantize stage for one recipe model (``recipe.target``, the draft or the
+    head): the export its ``runtime.backend`` consumes, reused when already up to date."""
+    kwargs.setdefault("reuse", True)
+    return quantize_model(spec.model, spec.quantization, export_for_runtime(backend), out_dir, role=role, pair=pair,
+                          gpu_arch=gpu_arch, tokenizer=spec.tokenizer, **kwargs)
 
 
 def _prompts(tok, s: QualitySettings) -> list[list[int]]:
