@@ -29,7 +29,8 @@ def tiny_recipe(target, draft, **validation) -> dict:
         "target": {"model": str(target)},
         "speculation": {"method": "draft_target", "draft": {"model": str(draft)}, "max_draft_len": 4},
         "runtime": {"backend": "torch", "dtype": "float32", "device": "cpu", "torch_threads": 2,
-                    "adaptive": {"enabled": True, "window": 64}},
+                    # a low fixed break-even keeps the router on the speculative path on every prompt mix
+                    "adaptive": {"enabled": True, "window": 64, "min_acceptance_rate": 0.05}},
         "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 1024},
         "validation": {"prompts": "builtin:code", "num_prompts": 6, "max_tokens": 24, "concurrency": [1, 2],
                        "requests_per_level": 4, "warmup_requests": 1, **validation},

@@ -354,8 +354,11 @@ class AsyncLLMClient:
                         raise _NoResponseYet(err)
                     raise err
                 if parser.add(result, now - sent[0]):
+                    await _finish(it)
                     break
         except (ServerRequestError, _NoResponseYet):
+            if it is not None:
+                it.cancel()
             raise
         except asyncio.CancelledError:
             if it is not None:
@@ -372,6 +375,20 @@ class AsyncLLMClient:
             raise InferenceFailed("the stream closed without a single response", url=self.url, model=info.name,
                                   fix="see the tritonserver log; the model may have dropped the request")
         return parser.result(info.name, rid, sent[0])
+
+
+async def _finish(it, timeout_s: float = 2.0) -> None:
+    """After the final response the server closes the stream (our side already half-closed):
+    wait for that, so no half-open call outlives its event loop; cancel if it lingers."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            while True:
+                await it.__anext__()
+    except (StopAsyncIteration, TimeoutError):
+        pass
+    except Exception:  # noqa: BLE001 - the output is complete; a late stream error changes nothing
+        pass
+    it.cancel()
 
 
 class _NoResponseYet(Exception):
