@@ -296,7 +296,10 @@ class Engine:
         _sync(self.device)
         t3 = time.perf_counter()
 
-        draft_s, verify_s = t1 - t0 + (t3 - t2), t2 - t1
+        # draft time = proposing + the proposer's roll-back; the engine's own bookkeeping is not
+        # drafting (without a proposer a step is ordinary decoding: draft time 0)
+        draft_s = (t1 - t0 + (t3 - t2)) if self.proposer is not None and K > 0 else 0.0
+        verify_s = t2 - t1
         self._measure(draft_s, verify_s, K, int(lens.sum()))
         events = []
         for b, (r, s) in enumerate(zip(rows, slots)):

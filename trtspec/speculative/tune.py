@@ -14,7 +14,6 @@ measured verify cost instead of the constant-α, v_k = 1 idealisation):
 
 from __future__ import annotations
 
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -55,7 +54,8 @@ class TuneResult:
 
 
 def _time(fn, repeats: int = 7, inner: int = 5) -> float:
-    """Median over ``repeats`` of the mean of ``inner`` calls (seconds). Noisy CPUs need both."""
+    """Minimum over ``repeats`` of the mean of ``inner`` calls (seconds): on a shared, noisy CPU
+    the least-disturbed repeat is the best estimate of what a pass costs."""
     fn()
     samples = []
     for _ in range(repeats):
@@ -63,11 +63,11 @@ def _time(fn, repeats: int = 7, inner: int = 5) -> float:
         for _ in range(inner):
             fn()
         samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples)
+    return min(samples)
 
 
 @torch.inference_mode()
-def measure_verify_costs(engine: Engine, k_max: int, context: int = 128) -> tuple[float, dict[int, float]]:
+def measure_verify_costs(engine: Engine, k_max: int, context: int = 128, repeats: int = 7) -> tuple[float, dict[int, float]]:
     """Seconds for one target pass over 1 token, and v_k for k = 1..k_max, at ``context`` tokens."""
     target = engine.target
     dev = engine.device
@@ -77,7 +77,7 @@ def measure_verify_costs(engine: Engine, k_max: int, context: int = 128) -> tupl
     times = {}
     for k in range(0, k_max + 1):
         x = torch.randint(0, target.args.vocab_size, (1, k + 1), device=dev)
-        times[k] = _time(lambda: target(x, cache, Step([0], [context], k + 1)))
+        times[k] = _time(lambda: target(x, cache, Step([0], [context], k + 1)), repeats=repeats, inner=3)
     base = times[0]
     return base, {k: times[k] / base for k in range(1, k_max + 1)}
 
@@ -88,6 +88,7 @@ def tune(
     *,
     max_new_tokens: int = 64,
     k_max: int | None = None,
+    timing_repeats: int = 7,
 ) -> TuneResult:
     """Measure α_i with drafts of length ``k_max`` on ``prompts``, time c and v_k, rank k."""
     if engine.proposer is None:
@@ -100,7 +101,7 @@ def tune(
     for o in outs:
         agg.add(o.stats)
     alphas = agg.per_position_acceptance()
-    step_s, v = measure_verify_costs(engine, k_max)
+    step_s, v = measure_verify_costs(engine, k_max, repeats=timing_repeats)
     # draft cost per token, from the run itself (includes the proposer's catch-up feed)
     draft_token_s = agg.draft_s / max(agg.steps * k_max, 1)
     c = draft_token_s / step_s

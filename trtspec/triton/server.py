@@ -114,8 +114,12 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
         old = env.get("LD_LIBRARY_PATH")
         env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + old if old else "")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
-    # the stubs often run with no locale (C/POSIX → ascii): model.py reads our UTF-8 JSON/manifests
+    # With no locale (C/POSIX) the embedded Python of the stubs decodes files as ASCII, and
+    # torch/modelopt imports read UTF-8 sources: give the stubs a UTF-8 locale (PYTHONUTF8 alone
+    # is not honoured by the embedded interpreter).
     env["PYTHONUTF8"] = "1"
+    if "UTF-8" not in (env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or "").upper().replace("UTF8", "UTF-8"):
+        env["LC_ALL"] = "C.UTF-8"
     return env
 
 

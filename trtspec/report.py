@@ -1,0 +1,224 @@
+"""The run report: one markdown page (+ JSON, plots) per ``trtspec run``.
+
+It answers the questions a production team must answer before enabling speculation (the seed
+article): accepted-token rate, draft compute time, target verification time, tokens/s, queue
+delay, memory, P95 latency by prompt and output length — baseline vs speculative — and the
+recommended ``max_draft_len``. Every number comes from this run's stage outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import shutil
+from typing import Any
+
+SERIES = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>[^}]*)\})?$')
+
+
+def _labels(s: str | None) -> dict[str, str]:
+    if not s:
+        return {}
+    return dict(re.findall(r'(\w+)="([^"]*)"', s))
+
+
+def metric_table(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
+    """{model: {metric name (with _sum/_count suffixes): value}} for the trtspec_* families."""
+    out: dict[str, dict[str, float]] = {}
+    for series, value in metrics.items():
+        m = SERIES.match(series)
+        if not m or not m.group("name").startswith("trtspec_"):
+            continue
+        labels = _labels(m.group("labels"))
+        if "le" in labels:
+            continue
+        out.setdefault(labels.get("model", "?"), {})[m.group("name")] = value
+    return out
+
+
+def _mean(t: dict[str, float], name: str) -> float | None:
+    n = t.get(f"{name}_count")
+    return t[f"{name}_sum"] / n if n else None
+
+
+def _f(v: Any, fmt: str = "{:.2f}", none: str = "–") -> str:
+    if v is None:
+        return none
+    try:
+        return fmt.format(v)
+    except (TypeError, ValueError):
+        return str(v)
+
+
+def _ms(v: float | None) -> str:
+    return _f(None if v is None else v * 1e3, "{:.1f} ms")
+
+
+def _role_models(repo_manifest: dict | None) -> dict[str, str]:
+    """Which engine model serves which role, from the repository manifest (fallback: names)."""
+    roles = {"speculative": "tensorrt_llm", "baseline": "tensorrt_llm_baseline"}
+    if repo_manifest:
+        for key in ("engine_models", "roles"):
+            if isinstance(repo_manifest.get(key), dict):
+                roles.update(repo_manifest[key])
+    return roles
+
+
+def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
+    """Write ``out/report.md`` + ``out/report.json`` (+ copies of the validation plots)."""
+    recipe = pipeline.recipe
+    outs = pipeline.outputs
+    out.mkdir(parents=True, exist_ok=True)
+    val_json = json.loads(pathlib.Path(outs["validate"]["report_json"]).read_text()) if "validate" in outs else None
+    metrics_path = pipeline.stage_dir("validate") / "server_metrics.json"
+    server = metric_table(json.loads(metrics_path.read_text())) if metrics_path.is_file() else {}
+    tune = None
+    if outs.get("build", {}).get("tune"):
+        tune = json.loads(pathlib.Path(outs["build"]["tune"]).read_text())
+    repo_manifest = None
+    if "package" in outs:
+        p = pathlib.Path(outs["package"]["repository"]) / "trtspec.json"
+        repo_manifest = json.loads(p.read_text()) if p.is_file() else None
+
+    lines: list[str] = [f"# trtspec run: {recipe.name}", ""]
+    if recipe.description:
+        lines += [recipe.description, ""]
+    data: dict[str, Any] = {"recipe": recipe.name, "source": pipeline.source}
+
+    # ---- verdict
+    if val_json:
+        v = val_json["verdict"]
+        lines += [f"## Verdict: **{v['decision']}**", "",
+                  "| gate | result | detail |", "|---|---|---|"]
+        for g in v["gates"]:
+            lines.append(f"| {g['name']} | {'PASS' if g['passed'] else '**FAIL**'} | {g['detail']} |")
+        lines.append("")
+        data["verdict"] = v
+
+    # ---- the questions
+    roles = _role_models(repo_manifest)
+    spec_m, base_m = server.get(roles["speculative"], {}), server.get(roles["baseline"], {})
+    q_rows = []
+    if val_json:
+        acc = val_json.get("acceptance", {})
+        q_rows.append(("accepted-token rate (acceptance rate)", "–", _f(acc.get("acceptance_rate"), "{:.1%}"),
+                       f"acceptance length {_f(acc.get('acceptance_length'))} tokens per target pass (server); "
+                       f"{_f(acc.get('acceptance_length_from_chunks'))} from stream chunks"))
+    if spec_m or base_m:
+        q_rows.append(("draft compute time per request", _ms(_mean(base_m, "trtspec_draft_seconds")),
+                       _ms(_mean(spec_m, "trtspec_draft_seconds")), "server-side, mean (trtspec_draft_seconds)"))
+        q_rows.append(("target verification time per request", _ms(_mean(base_m, "trtspec_verify_seconds")),
+                       _ms(_mean(spec_m, "trtspec_verify_seconds")),
+                       "baseline: ordinary decode steps; speculative: verify passes (trtspec_verify_seconds)"))
+        q_rows.append(("queue delay per request", _ms(_mean(base_m, "trtspec_queue_seconds")),
+                       _ms(_mean(spec_m, "trtspec_queue_seconds")), "submission → prefill, mean"))
+        rss_b, rss_s = base_m.get("trtspec_resident_memory_bytes"), spec_m.get("trtspec_resident_memory_bytes")
+        q_rows.append(("memory (resident, engine process)", _f(rss_b and rss_b / 2**20, "{:.0f} MiB"),
+                       _f(rss_s and rss_s / 2**20, "{:.0f} MiB"), "the draft's weights and KV cache live in the speculative process"))
+    if val_json:
+        for lv in val_json["bench"]["levels"]:
+            b, s = lv["models"].get("baseline", {}), lv["models"].get("speculative", {})
+            q_rows.append((f"tokens/s (output, concurrency {lv['concurrency']})", _f(b.get("output_token_throughput"), "{:.1f}"),
+                           _f(s.get("output_token_throughput"), "{:.1f}"),
+                           f"speedup {_f(lv.get('speedup', {}).get('output_token_throughput'), '{:.2f}×')}"))
+            q_rows.append((f"P95 request latency (concurrency {lv['concurrency']})",
+                           _ms(b.get("request_latency_s", {}).get("p95")), _ms(s.get("request_latency_s", {}).get("p95")), ""))
+    if tune:
+        q_rows.append(("recommended max_draft_len", "–", str(tune["recommended_k"]),
+                       f"configured {recipe.max_draft_len}; measured α per position "
+                       f"{', '.join(f'{a:.2f}' for a in tune['per_position_acceptance'])}, draft/target cost c = {tune['cost_ratio']:.3f}"))
+    if q_rows:
+        lines += ["## Before enabling speculation: the numbers", "",
+                  "| question | baseline | speculative | note |", "|---|---:|---:|---|"]
+        lines += [f"| {a} | {b} | {c} | {d} |" for a, b, c, d in q_rows]
+        lines.append("")
+        data["questions"] = [dict(zip(("question", "baseline", "speculative", "note"), r)) for r in q_rows]
+
+    # ---- P95 by prompt and output length
+    if val_json:
+        pooled = val_json["bench"].get("all_levels", {})
+        for key, title in (("prompt_len", "prompt length"), ("output_len", "output length")):
+            by = pooled.get(f"by_{key}", {})
+            buckets = list(dict.fromkeys(list(by.get("baseline", {})) + list(by.get("speculative", {}))))
+            if not buckets:
+                continue
+            unit = val_json["bench"].get("prompts", {}).get("length_unit", "tokens") if key == "prompt_len" else "tokens"
+            lines += [f"### P95 latency by {title} ({unit}, all concurrency levels)", "",
+                      "| bucket | n base / spec | P95 request latency base | spec | P95 ITL base | spec | speedup (tok/s/user p50) |",
+                      "|---|---:|---:|---:|---:|---:|---:|"]
+            sp = pooled.get(f"speedup_by_{key}", {})
+            for bk in buckets:
+                b, s = by.get("baseline", {}).get(bk, {}), by.get("speculative", {}).get(bk, {})
+                lines.append(f"| {bk} | {b.get('requests', 0)} / {s.get('requests', 0)} | "
+                             f"{_ms(b.get('request_latency_s', {}).get('p95'))} | {_ms(s.get('request_latency_s', {}).get('p95'))} | "
+                             f"{_ms(b.get('itl_s', {}).get('p95'))} | {_ms(s.get('itl_s', {}).get('p95'))} | "
+                             f"{_f((sp.get(bk) or {}).get('output_tps_per_user_p50'), '{:.2f}×')} |")
+            lines.append("")
+
+    # ---- latency per concurrency
+    if val_json:
+        lines += ["## Latency under load (GenAI-Perf definitions)", "",
+                  "| concurrency | model | TTFT p50 | TTFT p95 | ITL p50 | ITL p95 | request p50 | request p95 | request p99 | tok/s | tok/s/user p50 |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for lv in val_json["bench"]["levels"]:
+            for role, s in lv["models"].items():
+                lines.append(
+                    f"| {lv['concurrency']} | {role} | {_ms(s['ttft_s'].get('p50'))} | {_ms(s['ttft_s'].get('p95'))} | "
+                    f"{_ms(s['itl_s'].get('p50'))} | {_ms(s['itl_s'].get('p95'))} | {_ms(s['request_latency_s'].get('p50'))} | "
+                    f"{_ms(s['request_latency_s'].get('p95'))} | {_ms(s['request_latency_s'].get('p99'))} | "
+                    f"{_f(s.get('output_token_throughput'), '{:.1f}')} | {_f(s['output_tps_per_user'].get('p50'), '{:.1f}')} |")
+        lines.append("")
+        eq = val_json["equivalence"]
+        lines += ["## Output equivalence (greedy, through the server)", "",
+                  f"{eq.get('prompts_compared')} prompts; exact match rate {_f(eq.get('exact_match_rate'), '{:.1%}')}, "
+                  f"mismatch rate {_f(eq.get('mismatch_rate'), '{:.1%}')} (tolerance {eq.get('tolerance')}). "
+                  f"Per-prompt first divergences are in [validate/report.md]({pipeline.stage_dir('validate') / 'report.md'}).", ""]
+        plot_dir = pipeline.stage_dir("validate")
+        for name, f in (val_json.get("plots") or {}).items():
+            src = plot_dir / f
+            if src.is_file():
+                shutil.copy2(src, out / src.name)
+                lines.append(f"![{name}]({src.name})")
+        lines.append("")
+
+    # ---- quantization
+    q = outs.get("quantize", {})
+    qrows = [(role, v) for role, v in q.items() if isinstance(v, dict) and v.get("quality")]
+    if qrows:
+        lines += ["## Quantization quality (vs the unquantized model, held-out text)", "",
+                  "| model | format | KV cache | top-1 agreement | KL divergence | perplexity | acceptance before → after |",
+                  "|---|---|---|---:|---:|---:|---|"]
+        for role, v in qrows:
+            ql = v["quality"]
+            acc = ql.get("acceptance") or {}
+            before = (acc.get("before") or {}).get("acceptance_rate") if isinstance(acc.get("before"), dict) else acc.get("before")
+            after = (acc.get("after") or {}).get("acceptance_rate") if isinstance(acc.get("after"), dict) else acc.get("after")
+            lines.append(f"| {role} | {v['format']} | {v['kv_cache']} | {_f(ql.get('top1_agreement'), '{:.3f}')} | "
+                         f"{_f(ql.get('kl_divergence'), '{:.4f}')} | {_f(ql.get('perplexity_base'), '{:.2f}')} → "
+                         f"{_f(ql.get('perplexity_quantized'), '{:.2f}')} | "
+                         f"{_f(before, '{:.3f}')} → {_f(after, '{:.3f}')} |")
+        lines.append("")
+
+    # ---- tune
+    if tune:
+        lines += ["## Draft length (measured: α per position, draft cost c, verify cost v_k)", "",
+                  "| max_draft_len | E[tokens/pass] | cost/pass (target steps) | expected speedup |", "|---:|---:|---:|---:|"]
+        for r in tune["rows"]:
+            mark = " ◀ recommended" if r["k"] == tune["recommended_k"] else ""
+            lines.append(f"| {r['k']} | {r['expected_tokens_per_pass']:.2f} | {r['cost_per_pass']:.2f} | "
+                         f"{r['expected_speedup']:.2f}×{mark} |")
+        lines.append("")
+
+    # ---- stages
+    lines += ["## Stages", "", "| stage | status | seconds |", "|---|---|---:|"]
+    for s in pipeline.stage_log:
+        ran = f" (ran {s['ran_seconds']:.1f} s)" if s.get("ran_seconds") else ""
+        lines.append(f"| {s['stage']} | {s['status']}{ran} | {s['seconds']:.1f} |")
+    lines += ["", f"Reproduce: `trtspec run {pipeline.source or recipe.name}`", ""]
+    data["stages"] = pipeline.stage_log
+    data["outputs"] = {k: v for k, v in outs.items() if k != "report"}
+    path = out / "report.md"
+    path.write_text("\n".join(lines))
+    (out / "report.json").write_text(json.dumps(data, indent=2, default=str) + "\n")
+    return path
