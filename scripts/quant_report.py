@@ -74,13 +74,16 @@ def main() -> int:
                     "acceptance_before": acc["before"]["acceptance_rate"], "acceptance_after": acc["after"]["acceptance_rate"],
                     "acceptance_length_before": acc["before"]["acceptance_length"],
                     "acceptance_length_after": acc["after"]["acceptance_length"],
+                    "agreement_before": acc["teacher_forced_agreement"]["before"],
+                    "agreement_after": acc["teacher_forced_agreement"]["after"],
                     "speculative_greedy_identical": acc.get("speculative_greedy_identical"),
                     "runtime_vs_modelopt_max_abs_diff": r["runtime_vs_modelopt_max_abs_diff"],
                     "calibrate_s": res.timings.get("calibrate_s"), "seconds": round(time.perf_counter() - t0, 1),
                     "warnings": res.warnings,
                 })
                 print(f"{role:6} {fmt:8} top1 {r['top1_agreement']:.4f} KL {r['kl_divergence']:.5f} "
-                      f"ppl {r['perplexity_change_pct']:+.2f}% acceptance {acc['before']['acceptance_rate']:.3f} → "
+                      f"ppl {r['perplexity_change_pct']:+.2f}% agreement {rows[-1]['agreement_before']:.4f} → "
+                      f"{rows[-1]['agreement_after']:.4f} acceptance {acc['before']['acceptance_rate']:.3f} → "
                       f"{acc['after']['acceptance_rate']:.3f} ({rows[-1]['seconds']}s)", flush=True)
 
     command = "python scripts/quant_report.py" + (" --real" if a.real else "") + "".join(
@@ -109,17 +112,21 @@ def markdown(doc: dict) -> str:
         f"Quantized vs unquantized, {doc['pair']['target']} / {doc['pair']['draft']} "
         f"(ModelOpt 0.47 fake-quant on CPU; calibration: {s['calibration']}; KV cache: {s['kv_cache']}).",
         f"Top-1 / KL / perplexity: teacher-forced on {q['eval_windows']} x {q['eval_seq_len']} held-out tokens. "
+        f"Draft/target agreement: teacher-forced top-1 agreement of draft and target on the same held-out tokens "
+        f"(the per-token greedy acceptance probability on fixed text). "
         f"Acceptance: draft vs target, greedy, max_draft_len {q['max_draft_len']}, {q['prompts']} held-out prompts x "
-        f"{q['max_new_tokens']} tokens, before → after quantizing the model in the first column.",
+        f"{q['max_new_tokens']} tokens (each configuration on the text it generates), before → after quantizing the "
+        "model in the first column.",
         "",
-        "| quantized | format | top-1 agreement | KL (nats/token) | perplexity | Δ perplexity | acceptance rate | acceptance length | spec = plain |",
-        "|---|---|---:|---:|---:|---:|---:|---:|:---:|",
+        "| quantized | format | top-1 vs unquantized | KL (nats/token) | perplexity | Δ perplexity | draft/target agreement | acceptance rate | acceptance length | spec = plain |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|:---:|",
     ]
     for r in doc["rows"]:
         same = {True: "yes", False: "**no**", None: "–"}[r["speculative_greedy_identical"]]
         lines.append(
             f"| {r['quantized']} | {r['format']} | {r['top1_agreement']:.4f} | {r['kl_divergence']:.5f} | "
             f"{r['perplexity_base']:.2f} → {r['perplexity_quantized']:.2f} | {r['perplexity_change_pct']:+.2f}% | "
+            f"{r['agreement_before']:.4f} → {r['agreement_after']:.4f} | "
             f"{r['acceptance_before']:.3f} → {r['acceptance_after']:.3f} | "
             f"{r['acceptance_length_before']:.2f} → {r['acceptance_length_after']:.2f} | {same} |")
     lines += ["", f"Reproduce: `{doc['command']}`", ""]

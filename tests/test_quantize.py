@@ -90,6 +90,8 @@ def test_format_quantizes_and_torch_export_restores(fmt, quantized_target, tiny_
     acc = q["acceptance"]
     assert acc["quantized"] == "target" and acc["before"]["drafted"] > 0 and acc["after"]["drafted"] > 0
     assert acc["speculative_greedy_identical"] is True
+    tf = acc["teacher_forced_agreement"]
+    assert 0.2 < tf["before"] <= 1 and abs(tf["after"] - tf["before"]) < 0.2
 
     # the export restores onto our CausalLM with quantizers active (weights folded: quantized once)
     model = load_quantized(out)

@@ -72,6 +72,18 @@ def compare_logits(base: CausalLM, quant: CausalLM, windows: torch.Tensor, *, ba
     }
 
 
+@torch.inference_mode()
+def teacher_forced_agreement(target: CausalLM, draft: CausalLM, windows: torch.Tensor, *, batch_size: int = 4) -> float:
+    """Share of held-out positions where the draft's argmax equals the target's: the per-token
+    greedy acceptance probability on *fixed* text (no trajectory noise, unlike generation)."""
+    agree = n = 0
+    for i in range(0, windows.shape[0], batch_size):
+        x = windows[i : i + batch_size, :-1].to(target.lm_head.weight.device)
+        agree += int((target(x, None).argmax(-1) == draft(x, None).argmax(-1)).sum())
+        n += x.numel()
+    return agree / n
+
+
 def _engine(target: CausalLM, draft: CausalLM | None, s: QualitySettings, max_prompt: int) -> Engine:
     max_seq_len = max_prompt + s.max_new_tokens + 1
     proposer = None
@@ -100,15 +112,21 @@ def greedy(target: CausalLM, draft: CausalLM | None, prompts: list[list[int]], s
 
 def acceptance(
     *, quantized_role: str, base: CausalLM, quant: CausalLM, pair: CausalLM,
-    prompts: list[list[int]], settings: QualitySettings, progress: Progress | None = None,
+    prompts: list[list[int]], settings: QualitySettings, windows: torch.Tensor | None = None,
+    progress: Progress | None = None,
 ) -> dict:
-    """Acceptance of the draft against the target before and after quantizing ``quantized_role``."""
+    """Acceptance of the draft against the target before and after quantizing ``quantized_role``
+    (and, with held-out ``windows``, their teacher-forced top-1 agreement before and after)."""
     if quantized_role == "target":
         runs = {"before": (base, pair), "after": (quant, pair)}
     else:
         runs = {"before": (pair, base), "after": (pair, quant)}
     total = len(runs) + (quantized_role == "target")
     out: dict = {"quantized": quantized_role}
+    if windows is not None:
+        out["teacher_forced_agreement"] = {
+            name: teacher_forced_agreement(t, d, windows, batch_size=settings.batch_size) for name, (t, d) in runs.items()
+        }
     for i, (name, (t, d)) in enumerate(runs.items()):
         r = greedy(t, d, prompts, settings)
         out[name] = {k: v for k, v in r.items() if k != "outputs"}

@@ -465,7 +465,8 @@ class _ModelWork:
                 prompts = _prompts(self.tok, s)
             report["acceptance"] = {"pair": str(self.pair_dir.resolve()), "prompts": "builtin:stdlib (held-out)",
                                     **acceptance(quantized_role=role, base=base, quant=quant, pair=pair,
-                                                 prompts=prompts, settings=s, progress=progress)}
+                                                 prompts=prompts, settings=s, windows=held.ids.to(self.dev),
+                                                 progress=progress)}
         return report
 
 
