@@ -355,7 +355,8 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
 @click.option("--force", is_flag=True, help="Quantize even a combination known to fail upstream.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Dtype the model is calibrated and exported in (auto: its config's).")
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Where ModelOpt calibrates and the quality report runs (auto: cuda if available).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
 @click.option("--eval-windows", default=16, show_default=True, type=click.IntRange(1),
               help="Held-out windows for top-1 / KL / perplexity.")

@@ -1,10 +1,12 @@
-"""The quantize stage: ModelOpt PTQ of one model (target or draft), one export, a quality report.
+"""The quantize stage: ModelOpt PTQ of one model (target, draft or EAGLE-3 head), one export, a
+quality report.
 
 ``quantize_model`` is what ``trtspec quantize`` and the pipeline call. Order of work:
 
   1. validate everything cheap first (folder, architecture, format, refused combinations,
      calibration file, pair, output folder) so a bad input fails in milliseconds;
-  2. calibrate: the HF model under ModelOpt (``mtq.quantize`` with the format's config);
+  2. calibrate: the HF model (or the EAGLE-3 head module, fed by its target) under ModelOpt
+     (``mtq.quantize`` with the format's config);
   3. into a temporary folder beside OUT: the export (hf | trtllm | torch), ``quality.json``,
      ``trtspec.json``; renamed to OUT only when all of it succeeded (``atomic_dir``).
 
@@ -247,7 +249,7 @@ def quantize_model(
     pair: str | os.PathLike | None = None,
     gpu_arch: str = "any",
     dtype: str = "auto",
-    device: str = "cpu",
+    device: str = "auto",
     tokenizer: str | os.PathLike | None = None,
     quality: QualitySettings | None = QualitySettings(),
     threads: int | None = None,
@@ -299,6 +301,8 @@ def quantize_model(
     _check_calibration(quantization.calibration)
     _check_out_dir(out, model_dir, pair_dir)
     dtype = _resolve_dtype(dtype, pair_cfg if is_head else cfg)
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", device, "CUDA requested but torch sees no GPU", fix="use --device cpu")
