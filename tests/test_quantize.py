@@ -376,3 +376,25 @@ def test_eagle3_head_bad_input(eagle3_head_dir, tiny_models, tmp_path):
     with pytest.raises(ConfigError, match="no exporter"):
         quantize_model(eagle3_head_dir, make_quantization("fp8"), "trtllm", out, pair=tiny_models[0])
     _no_leftovers(out)
+
+
+def test_calibration_sets(tiny_models, tmp_path):
+    from transformers import AutoTokenizer
+
+    from trtspec.quantize.calib import calibration_windows, heldout_windows
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_models[0]))
+    a, b = calibration_windows("builtin", tok, 3, 32), calibration_windows("builtin", tok, 3, 32)
+    assert a.ids.shape == (3, 32) and torch.equal(a.ids, b.ids)  # deterministic
+    assert "train split" in a.description["text"] and a.description["sha256_16"] == b.description["sha256_16"]
+    assert heldout_windows(tok, 2, 32).description["sha256_16"] != a.description["sha256_16"]
+
+    f = tmp_path / "calib.jsonl"
+    f.write_text(json.dumps({"prompt": "def add(a, b):\n    return a + b\n" * 8}) + "\n" + json.dumps("import os\n" * 20) + "\n")
+    w = calibration_windows(str(f), tok, 4, 16)
+    assert w.ids.shape[1] == 16 and 1 <= w.ids.shape[0] <= 4 and w.description["dataset"] == str(f.resolve())
+    f.write_text('{"text": "ok"}\n{"text": 3}\n')
+    with pytest.raises(ConfigError, match=r"calib\.jsonl:2"):
+        calibration_windows(str(f), tok, 4, 16)
+    with pytest.raises(ConfigError, match="calibration file not found"):
+        calibration_windows(str(tmp_path / "missing.txt"), tok, 4, 16)
