@@ -209,20 +209,34 @@ def main() -> None:
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "metric_agreement.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [f"# Metric agreement: trtspec bench vs perf_analyzer ({result['date']})", "",
              f"{result['what']}. Model `{args.model}`, {result['prompts']}, max_tokens {args.max_tokens}, "
              f"{args.requests} requests per level and round, {args.rounds} alternating rounds per tool (medians "
              f"compared), greedy, streaming. Machine: {result['machine']} (shared with other work).", "",
              f"Command: `{' '.join(['.venv/bin/python', 'scripts/bench_metric_agreement.py', *sys.argv[1:]])}`", "",
-             "| concurrency | metric | trtspec | perf_analyzer | difference |", "|---:|---|---:|---:|---:|"]
+             "Medians over rounds; in brackets the range over rounds of each tool (the spread the shared "
+             "machine adds), and the median of the per-round paired differences (back-to-back runs).", "",
+             "| concurrency | metric | trtspec | perf_analyzer | difference | paired difference |",
+             "|---:|---|---:|---:|---:|---:|"]
+
+    def rng(runs, k, scale):
+        vals = [x[k] * scale for x in runs]
+        return f"[{min(vals):.1f}–{max(vals):.1f}]"
+
     for r in rows:
         for k in COMPARED:
             scale, unit = (1e3, " ms") if k.endswith("_s") else (1, "/s")
-            lines.append(f"| {r['concurrency']} | {k.removesuffix('_s')} | {r['trtspec'][k] * scale:.2f}{unit} | "
-                         f"{r['perf_analyzer'][k] * scale:.2f}{unit} | {r['relative_difference'][k]:+.1%} |")
+            ours_r, pa_r = r["rounds"]["trtspec"], r["rounds"]["perf_analyzer"]
+            paired = percentile([(a[k] - b[k]) / b[k] for a, b in zip(ours_r, pa_r)], 50)
+            r.setdefault("paired_difference", {})[k] = paired
+            lines.append(f"| {r['concurrency']} | {k.removesuffix('_s')} | {r['trtspec'][k] * scale:.2f}{unit} "
+                         f"{rng(ours_r, k, scale)} | {r['perf_analyzer'][k] * scale:.2f}{unit} {rng(pa_r, k, scale)} | "
+                         f"{r['relative_difference'][k]:+.1%} | {paired:+.1%} |")
+    lines += ["", f"Load average during the levels: "
+              + ", ".join(f"c={r['concurrency']}: {r['load_average'][0]:.1f}" for r in rows) + " (2 cores)."]
     lines += ["", f"All within ±{TOLERANCE:.0%}: **{'yes' if result['all_within_tolerance'] else 'no'}**.", ""]
     (out / "metric_agreement.md").write_text("\n".join(lines))
+    (out / "metric_agreement.json").write_text(json.dumps(result, indent=2) + "\n")
     print("\n".join(lines))
 
 
