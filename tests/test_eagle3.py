@@ -1,0 +1,394 @@
+"""EAGLE-3 head: lossless greedy decoding, exact cache rollback, seeded sampling, the export
+format, and agreement with ModelOpt's EAGLE module on the same weights.
+
+A head is trained for a few steps in a module fixture (seconds): equivalence must hold for any
+head, and a briefly trained one accepts some tokens so both the accept and reject paths run.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import pathlib
+
+import pytest
+import torch
+
+from trtspec.errors import ModelError
+from trtspec.manifest import write_manifest
+from trtspec.models.eagle3 import (
+    Eagle3Settings,
+    _windows,
+    corpus_ids,
+    head_config_for,
+    init_head,
+    make_eagle3_head,
+    ttt_loss,
+)
+from trtspec.speculative.eagle3 import (
+    HEAD_TENSORS,
+    Eagle3Head,
+    Eagle3Proposer,
+    HeadConfig,
+    default_aux_layers,
+    load_eagle3_head,
+    save_head,
+)
+from trtspec.speculative.engine import Engine
+from trtspec.speculative.model import Step, load_causal_lm
+from trtspec.speculative.sampling import SamplingParams
+from trtspec.speculative.verify import verify_greedy
+
+FAST = Eagle3Settings(steps=12, batch_size=4, seq_len=64, ttt_steps=2, eval_prompts=4, eval_new_tokens=8, threads=1)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _threads():
+    # one thread: these models are overhead-bound, and on a shared CPU a second torch thread
+    # that gets descheduled stalls every op (measured 20x slower under load)
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(old)
+
+
+@pytest.fixture(scope="module")
+def target(tiny_target):
+    return load_causal_lm(tiny_target)
+
+
+@pytest.fixture(scope="module")
+def corpus(tiny_target):
+    return corpus_ids(tiny_target, 16)
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_target, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eagle3") / "head"
+    res = make_eagle3_head(tiny_target, out, FAST)
+    assert not res.cached
+    return out
+
+
+@pytest.fixture(scope="module")
+def head(head_dir, target):
+    return load_eagle3_head(head_dir, target)
+
+
+def mixed_prompts(held: torch.Tensor, n: int) -> list[list[int]]:
+    """n held-out prompts, 1..~120 tokens, spread over the text."""
+    stride = (held.numel() - 200) // n
+    return [held[i * stride : i * stride + 1 + (i * 29) % 121].tolist() for i in range(n)]
+
+
+def generate(target, proposer, prompts, params, *, k=4, batch=4):
+    eng = Engine(target, proposer, max_draft_len=k, max_batch_size=batch, max_seq_len=256)
+    return eng.generate(prompts, params)
+
+
+# --------------------------------------------------------------------------------------------
+# lossless decoding
+
+
+def test_greedy_is_token_identical_to_plain_decoding(target, head, corpus):
+    prompts = mixed_prompts(corpus[1], 56)
+    assert min(map(len, prompts)) == 1 and max(map(len, prompts)) > 100
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain = generate(target, None, prompts, params, batch=8)
+    # different draft lengths and batch compositions (the second on a subset, for time)
+    for k, batch, n in ((4, 8, len(prompts)), (2, 3, 12)):
+        spec = generate(target, Eagle3Proposer(head, batch, 300), prompts[:n], params, k=k, batch=batch)
+        for i, (a, b) in enumerate(zip(plain, spec)):
+            assert a.token_ids == b.token_ids, f"prompt {i} (len {len(prompts[i])}) diverged with k={k}"
+        accepted = sum(g.stats.accepted for g in spec)
+        drafted = sum(g.stats.drafted for g in spec)
+        assert 0 < accepted < drafted  # both the accept and the reject paths ran
+
+
+def test_greedy_identical_with_untrained_head(target, corpus):
+    """A random head (nothing accepted) must still never change the output."""
+    h = Eagle3Head(head_config_for(target, FAST), target.model.embed_tokens, target.lm_head)
+    init_head(h, 123)
+    h.eval()
+    prompts = mixed_prompts(corpus[1], 12)
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain = generate(target, None, prompts, params)
+    spec = generate(target, Eagle3Proposer(h, 4, 300), prompts, params)
+    assert [g.token_ids for g in plain] == [g.token_ids for g in spec]
+
+
+def full_features(target, head, seq):
+    with torch.inference_mode():
+        _, hidden, _ = target(torch.tensor([seq]), None, hidden_layers=head.aux_layers)
+    return torch.cat(hidden, -1)
+
+
+def test_rollback_equals_fresh_prefill(target, head, corpus):
+    """After any accept/reject history the head drafts exactly what a fresh head prefilled
+    with the whole committed sequence drafts: rolled back, never stale, never recomputed."""
+    prompt = corpus[1][3000:3040].tolist()
+    K = 4
+    prop = Eagle3Proposer(head, 2, 300)
+    cache = target.new_cache(1, 300)
+    greedy = SamplingParams(max_new_tokens=64)
+    with torch.inference_mode():
+        logits, hidden, _ = target(torch.tensor([prompt]), cache, Step([0], [0], len(prompt)),
+                                   logits="last", hidden_layers=head.aux_layers)
+    seq = prompt + [int(logits[0, -1].argmax())]
+    valid = len(prompt)
+    prop.prefill(1, seq, torch.cat(hidden, -1))  # slot 1: rows need not start at 0
+    seen = set()
+    for _ in range(10):
+        got = prop.propose([1], [seq], [K], [greedy], [None])
+        fresh = Eagle3Proposer(head, 1, 300)
+        fresh.prefill(0, seq, full_features(target, head, seq[:-1]))
+        want = fresh.propose([0], [seq], [K], [greedy], [None])
+        assert got.tokens.tolist() == want.tokens.tolist()
+        with torch.inference_mode():
+            inp = torch.cat([torch.tensor([[seq[-1]]]), got.tokens], 1)
+            logits, hidden, _ = target(inp, cache, Step([0], [valid], K + 1), hidden_layers=head.aux_layers)
+        n, nxt = verify_greedy(got.tokens, logits, got.lens)
+        n, nxt = int(n[0]), int(nxt[0])
+        seen.add(n)
+        seq = seq + got.tokens[0, :n].tolist() + [nxt]
+        valid += n + 1
+        prop.accept([1], [seq], [n], torch.cat(hidden, -1))
+    assert len(seen) > 1  # the history mixed different acceptance lengths
+
+
+def test_step_without_drafting_keeps_pending_features(target, head, corpus):
+    """k = 0 for a round (adaptive fallback): the next round still drafts from every position."""
+    prompts = mixed_prompts(corpus[1], 6)
+    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    plain = generate(target, None, prompts, params)
+    eng = Engine(target, Eagle3Proposer(head, 3, 300), max_draft_len=3, max_batch_size=3, max_seq_len=256)
+    eng._draft_len = lambda s: 0 if s.stats.generated % 3 == 1 else max(0, min(3, params.max_new_tokens - s.stats.generated - 1))
+    spec = eng.generate(prompts, params)
+    assert [g.token_ids for g in plain] == [g.token_ids for g in spec]
+    assert sum(g.stats.accepted for g in spec) > 0
+
+
+# --------------------------------------------------------------------------------------------
+# sampling
+
+
+def test_sampled_decoding_is_seeded_and_uses_draft_probabilities(target, head, corpus):
+    prompts = mixed_prompts(corpus[1], 6)
+    runs = []
+    for seed in (7, 7, 8):
+        params = [SamplingParams(max_new_tokens=20, temperature=0.8, top_k=50, seed=seed + i, ignore_eos=True)
+                  for i in range(len(prompts))]
+        runs.append([g.token_ids for g in generate(target, Eagle3Proposer(head, 4, 300), prompts, params)])
+    assert runs[0] == runs[1]
+    assert runs[0] != runs[2]
+    prop = Eagle3Proposer(head, 1, 300)
+    seq = prompts[2] + [5]
+    prop.prefill(0, seq, full_features(target, head, seq[:-1]))
+    p = SamplingParams(temperature=0.8, top_k=50)
+    out = prop.propose([0], [seq], [3], [p], [torch.Generator().manual_seed(0)])
+    assert out.probs is not None and out.probs.shape == (1, 3, target.args.vocab_size)
+    assert torch.allclose(out.probs.sum(-1), torch.ones(1, 3))
+    q = out.probs[0, torch.arange(3), out.tokens[0]]
+    assert (q > 0).all()  # every drafted token has mass under the distribution it was drawn from
+    assert ((out.probs > 0).sum(-1) <= 50).all()  # top-k applied to the draft distribution too
+
+
+# --------------------------------------------------------------------------------------------
+# format
+
+
+def test_export_layout_and_round_trip(head_dir, head, target, tmp_path):
+    from safetensors.torch import load_file
+
+    cfg = json.loads((head_dir / "config.json").read_text())
+    assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["model_type"] == "llama"
+    assert cfg["num_hidden_layers"] == 1 and cfg["hidden_size"] == target.args.hidden_size
+    assert cfg["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == list(default_aux_layers(4)) == [0, 2, 3]
+    assert cfg["eagle_config"]["use_aux_hidden_state"] is True
+    tensors = load_file(str(head_dir / "model.safetensors"))
+    assert set(tensors) == set(HEAD_TENSORS) | {"lm_head.weight"}
+    H = target.args.hidden_size
+    assert tensors["fc.weight"].shape == (H, 3 * H)
+    assert tensors["layers.0.self_attn.q_proj.weight"].shape[1] == 2 * H
+    assert torch.equal(tensors["lm_head.weight"], target.lm_head.weight)
+    manifest = json.loads((head_dir / "trtspec.json").read_text())
+    assert manifest["kind"] == "eagle3_head" and manifest["feature_norm"] == "standard"
+    assert manifest["acceptance"]["acceptance_length"] >= 1.0
+
+    save_head(head, tmp_path / "again")
+    again = load_eagle3_head(tmp_path / "again", target)
+    for k, v in head.state_dict().items():
+        assert torch.equal(v, again.state_dict()[k]), k
+    f, ids = torch.randn(2, 5, H), torch.randint(0, 4096, (2, 5))
+    with torch.inference_mode():
+        assert torch.equal(head(f, ids, None), again(f, ids, None))
+
+
+def test_cache_forward_matches_full_forward(head):
+    """Prefill in two chunks through the KV cache == one causal pass."""
+    H = head.args.hidden_size
+    f, ids = torch.randn(1, 9, H), torch.randint(0, 4096, (1, 9))
+    cache = head.new_cache(2, 32)
+    with torch.inference_mode():
+        full = head(f, ids, None)
+        a = head(f[:, :5], ids[:, :5], cache, Step([1], [0], 5))
+        b = head(f[:, 5:], ids[:, 5:], cache, Step([1], [5], 4))
+    torch.testing.assert_close(torch.cat([a, b], 1), full, rtol=1e-4, atol=1e-5)
+
+
+def test_cached_make_does_no_work(tiny_target, head_dir):
+    res = make_eagle3_head(tiny_target, head_dir, FAST)
+    assert res.cached
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda c: c.update(architectures=["LlamaForCausalLM"]), "not an EAGLE-3 head"),
+        (lambda c: c.update(hidden_size=128), "hidden_size 128 != target hidden_size 384"),
+        (lambda c: c["eagle_config"].update(eagle_aux_hidden_state_layer_ids=[0, 2, 9]), "layers the target does not have"),
+        (lambda c: c["eagle_config"].update(use_aux_hidden_state=False), "use_aux_hidden_state"),
+        (lambda c: c.update(draft_vocab_size=1024), "d2t"),
+        (lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 32.0}), "eagle_export_rope_scaling"),
+        (lambda c: c.update(num_hidden_layers=2), "1-layer heads"),
+    ],
+)
+def test_bad_head_configs_are_refused(head_dir, target, tmp_path, edit, match):
+    import shutil
+
+    bad = tmp_path / "bad"
+    shutil.copytree(head_dir, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    edit(cfg)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelError, match=match):
+        load_eagle3_head(bad, target)
+
+
+def test_head_for_another_target_is_refused(head_dir, tiny_target, tmp_path):
+    other = load_causal_lm(tiny_target)
+    with torch.no_grad():
+        other.lm_head.weight.add_(0.5)
+    with pytest.raises(ModelError, match="trained for another target"):
+        load_eagle3_head(head_dir, other)
+    with pytest.raises(ModelError, match="not found"):
+        load_eagle3_head(tmp_path / "nope", other)
+
+
+def test_runtime_builds_eagle3_engine(tiny_target, head_dir):
+    from trtspec.speculative.runtime import RuntimeSpec, build_engine
+
+    eng = build_engine(RuntimeSpec(target=str(tiny_target), method="eagle3", draft=str(head_dir), max_draft_len=3,
+                                   max_batch_size=2, max_seq_len=128))
+    assert eng.proposer.name == "eagle3" and eng.proposer.target_hidden_layers == (0, 2, 3)
+    (g,) = eng.generate([[10, 20, 30]], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    assert len(g.token_ids) == 8 and g.stats.drafted > 0
+    with pytest.raises(ModelError, match="head folder"):
+        build_engine(RuntimeSpec(target=str(tiny_target), method="eagle3", draft=None))
+
+
+# --------------------------------------------------------------------------------------------
+# ModelOpt: same weights → same function (what makes a ModelOpt-trained head loadable)
+
+
+@pytest.fixture(scope="module")
+def modelopt_eagle(tiny_target):
+    mtsp = pytest.importorskip("modelopt.torch.speculative")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32)
+    hc = head_config_for(load_causal_lm(tiny_target), FAST)
+    a = hc.layer
+    ec = copy.deepcopy(mtsp.EAGLE3_DEFAULT_CFG["config"])
+    ec.update(eagle_use_torch_compile=False, eagle_export_rope_scaling={}, eagle_ttt_steps=3)
+    ec["eagle_architecture_config"] = {
+        "intermediate_size": a.intermediate_size, "num_attention_heads": a.num_attention_heads,
+        "num_key_value_heads": a.num_key_value_heads, "head_dim": a.head_dim, "rms_norm_eps": a.rms_norm_eps,
+        "rope_theta": a.rope_theta, "rope_scaling": {"rope_type": "default", "rope_theta": a.rope_theta},
+        "eagle_aux_hidden_state_layer_ids": list(hc.aux_layers),
+    }
+    torch.manual_seed(0)
+    mtsp.convert(model, [("eagle", ec)])
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # move every weight off its init, norms included (they matter below)
+        for n, p in model.eagle_module.named_parameters():
+            p.copy_((1 + 0.3 * torch.randn(p.shape, generator=g)) if p.dim() == 1 else 0.05 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def test_modelopt_export_loads_and_matches_modelopt_forward(modelopt_eagle, target, tmp_path):
+    from modelopt.torch.export import export_speculative_decoding
+    from modelopt.torch.speculative.eagle.utils import make_causal_mask
+
+    out = tmp_path / "mo-head"
+    with torch.inference_mode():
+        export_speculative_decoding(modelopt_eagle, export_dir=str(out))
+    write_manifest(out, "eagle3_head", feature_norm="modelopt")
+    ours = load_eagle3_head(out, target)
+    assert ours.cfg.feature_norm == "modelopt" and ours.aux_layers == (0, 2, 3)
+
+    em = modelopt_eagle.eagle_module.eval()
+    em._maybe_init_rope()
+    B, T, H = 2, 11, target.args.hidden_size
+    g = torch.Generator().manual_seed(2)
+    feats = torch.randn(B, T, 3 * H, generator=g)
+    ids = torch.randint(0, 4096, (B, T), generator=g)
+    with torch.inference_mode():
+        f = em.fc(feats)
+        mask = make_causal_mask((B, T), torch.float32, device="cpu", past_key_values_length=0)
+        post, pre, _ = em(f, modelopt_eagle.model.embed_tokens(ids), attention_mask=mask, position_ids=None)
+        want_logits = modelopt_eagle.lm_head(post)
+        got = ours(ours.fc(feats), ids, None)
+        torch.testing.assert_close(got, pre, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(ours.logits(got), want_logits, rtol=1e-4, atol=1e-4)
+        # the same folder read as "standard" (what TRT-LLM computes) is a different function
+        std = copy.deepcopy(ours)
+        std.layers[0].feature_norm = "standard"
+        assert (std(std.fc(feats), ids, None) - pre).abs().max() > 1e-2
+
+
+def test_ttt_loss_matches_modelopt_training_loss(modelopt_eagle, target, tmp_path):
+    """Our training-time-test steps (mask, feature feedback, labels, decay) are ModelOpt's."""
+    from modelopt.torch.export import export_speculative_decoding
+
+    out = tmp_path / "mo-head"
+    with torch.inference_mode():
+        export_speculative_decoding(modelopt_eagle, export_dir=str(out))
+    write_manifest(out, "eagle3_head", feature_norm="modelopt")
+    ours = load_eagle3_head(out, target)
+    x = torch.randint(0, 4096, (2, 24), generator=torch.Generator().manual_seed(3))
+    modelopt_eagle.train()
+    try:
+        with torch.no_grad():
+            mo = modelopt_eagle(input_ids=x)
+    finally:
+        modelopt_eagle.eval()
+    with torch.no_grad():
+        loss, accs = ttt_loss(ours, target, x, ttt_steps=2, decay=modelopt_eagle.eagle_loss_decay_factor)
+    torch.testing.assert_close(loss, mo.loss.float(), rtol=1e-4, atol=1e-4)
+
+
+def test_settings_for_trainer():
+    assert Eagle3Settings.for_trainer("modelopt").steps < Eagle3Settings.for_trainer("native").steps
+    assert Eagle3Settings.for_trainer("native", steps=None, seed=3).steps == Eagle3Settings().steps
+    assert Eagle3Settings.for_trainer("native", steps=5).steps == 5
+
+
+def test_make_rejects_bad_arguments(tiny_target, tmp_path):
+    with pytest.raises(ModelError, match="trainer 'magic'"):
+        make_eagle3_head(tiny_target, tmp_path / "h", Eagle3Settings(trainer="magic"))
+    with pytest.raises(ModelError, match="config.json"):
+        make_eagle3_head(tmp_path / "missing", tmp_path / "h", FAST)
+    with pytest.raises(ModelError, match="aux_layers"):
+        make_eagle3_head(tiny_target, tmp_path / "h", Eagle3Settings(aux_layers=(0, 7), steps=1))
+
+
+def test_cli_help_and_error(tmp_path):
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    r = CliRunner().invoke(main, ["models", "eagle3", "--help"])
+    assert r.exit_code == 0 and "--trainer" in r.output and "--steps" in r.output
+    r = CliRunner().invoke(main, ["models", "eagle3", "--target", str(tmp_path / "none"), "--out", str(tmp_path / "h")])
+    assert r.exit_code == 1 and "config.json" in r.output and "trtspec models tiny" in r.output
