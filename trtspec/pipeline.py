@@ -15,6 +15,7 @@ import json
 import os
 import pathlib
 import shutil
+import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -75,6 +76,7 @@ class Pipeline:
         self.keys: dict[str, str] = {}
         self.outputs: dict[str, dict] = {}
         self.stage_log: list[dict] = []  # {stage, status, seconds}, in order (the report's table)
+        self.server = None  # the TritonServer while the validate stage runs
 
     # ------------------------------------------------------------------ bookkeeping
 
@@ -277,10 +279,16 @@ class Pipeline:
         t0 = time.perf_counter()
         with server_for_repository(repo, workdir=self.workdir / "server", **(
                 {"ready_timeout": self.ready_timeout_s} if self.ready_timeout_s else {})) as server:
+            self.server = server
             ready_s = time.perf_counter() - t0
             self.stage_log.append({"stage": "serve", "status": "done", "seconds": round(ready_s, 3)})
             self.on_event("serve", "done", {**server.endpoints.to_dict(), "seconds": ready_s})
-            result = run_validation(server.endpoints.grpc, self.recipe)
+            try:
+                result = run_validation(server.endpoints.grpc, self.recipe)
+            except TrtspecError as e:
+                self._check_alive(server, e)
+                raise
+            self._check_alive(server)
             metrics = scrape_metrics(server.endpoints.metrics)
         out.mkdir(parents=True, exist_ok=True)
         files = write_validation_report(result, out, max_draft_len=self.recipe.max_draft_len,
@@ -291,6 +299,24 @@ class Pipeline:
                 "verdict": {"decision": v.decision, "deploy_speculative": v.deploy_speculative,
                             "gates": [g.to_dict() if hasattr(g, "to_dict") else str(g) for g in v.gates]},
                 "speedup": result.speedup, "acceptance": result.acceptance}
+
+    def _check_alive(self, server, cause: BaseException | None = None) -> None:
+        """A validation that ran against a server which died is no verdict: fail the stage."""
+        if server.proc is None:
+            return
+        rc = server.proc.poll()
+        if rc is None and cause is not None:  # the client saw the connection drop: give the exit a moment
+            try:
+                rc = server.proc.wait(timeout=3)
+            except subprocess.TimeoutExpired:
+                rc = None
+        if rc is not None:
+            raise StageError(
+                f"tritonserver died during validation (exit code {rc}); no verdict"
+                + (f"\n  client saw: {str(cause).splitlines()[0]}" if cause else "")
+                + f"\n  server log: {server.log_path}\n  log tail:\n    " + server.log_tail(8).replace("\n", "\n    "),
+                fix="fix the cause in the log, then re-run: finished stages are reused and validation starts again",
+            ) from cause
 
     def _stage_report(self) -> dict:
         from trtspec.report import write_run_report

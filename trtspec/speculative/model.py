@@ -348,7 +348,11 @@ def load_causal_lm(
         raise ModelError(f"{folder}: no *.safetensors weights", fix="save the model with safetensors")
     state: dict[str, torch.Tensor] = {}
     for f in files:
-        state.update(load_file(str(f)))
+        try:
+            state.update(load_file(str(f)))
+        except Exception as e:  # noqa: BLE001 - safetensors raises its own error types
+            raise ModelError(f"{f}: cannot read the weights ({type(e).__name__}: {e})",
+                             fix="the file is damaged or not safetensors: re-export or re-download the checkpoint") from None
     with torch.device("meta"):
         model = CausalLM(args)
     model = model.to_empty(device=device)
