@@ -392,3 +392,21 @@ def test_cli_help_and_error(tmp_path):
     assert r.exit_code == 0 and "--trainer" in r.output and "--steps" in r.output
     r = CliRunner().invoke(main, ["models", "eagle3", "--target", str(tmp_path / "none"), "--out", str(tmp_path / "h")])
     assert r.exit_code == 1 and "config.json" in r.output and "trtspec models tiny" in r.output
+
+
+def test_shipped_eagle3_recipe_passes_check_with_a_head(repo_root, tiny_target, head_dir, tmp_path):
+    """build_configs/tiny-cpu-eagle3.yaml, pointed at this module's head, is ready."""
+    import yaml
+
+    from trtspec.config import load_recipe
+    from trtspec.preflight import run_checks
+
+    d = yaml.safe_load((repo_root / "build_configs" / "tiny-cpu-eagle3.yaml").read_text())
+    assert d["speculation"]["head"]["model"] == "../models/tiny-eagle3"
+    d["target"]["model"], d["speculation"]["head"]["model"] = str(tiny_target), str(head_dir)
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(d))
+    report = run_checks(load_recipe(path), str(path))
+    status = {c.name: c.status for c in report.checks}
+    assert report.ok, report.to_dict()
+    assert status["eagle3_head"] == "ok" and status["model:head"] == "ok"
