@@ -501,8 +501,13 @@ def quantize(model_dir, fmt, kv_cache, calib, calib_size, calib_seq_len, export,
     acc = qr.get("acceptance")
     if acc:
         b, a = acc["before"], acc["after"]
-        line = (f"acceptance rate (draft vs target, {acc['quantized']} quantized): {b['acceptance_rate']:.3f} → "
-                f"{a['acceptance_rate']:.3f}; acceptance length {b['acceptance_length']:.2f} → {a['acceptance_length']:.2f}")
+        out.print(f"speculation ({'EAGLE-3 head' if acc['quantized'] == 'eagle3_head' else 'draft'} vs target, "
+                  f"{acc['quantized']} quantized), before → after:")
+        tf = acc.get("teacher_forced_agreement")
+        if tf:
+            out.print(f"  draft/target top-1 agreement on held-out text: {tf['before']:.4f} → {tf['after']:.4f}")
+        line = (f"  greedy generation: acceptance rate {b['acceptance_rate']:.3f} → {a['acceptance_rate']:.3f}, "
+                f"acceptance length {b['acceptance_length']:.2f} → {a['acceptance_length']:.2f}")
         if "speculative_greedy_identical" in acc:
             same = acc["speculative_greedy_identical"]
             line += f"; speculative greedy = plain greedy: {'[green]yes[/]' if same else '[bold red]NO[/]'}"
