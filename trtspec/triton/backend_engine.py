@@ -6,7 +6,8 @@ backend's tensors.
 submits; responses are sent from the engine thread, one per engine step when streaming, else one
 with every token. Every response carries the cumulative acceptance counters; the final one also
 ``perf_json`` (RequestStats.to_dict()). A client that went away cancels its request at the next
-step.
+step, and so does a ``stop`` request carrying the same request id (how the ensemble's
+cancellations get here: ``trtspec.triton.cancel``).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import inspect
 import json
 import pathlib
+import threading
 import time
 
 import numpy as np
@@ -27,6 +29,7 @@ from trtspec.triton.backend_common import (
     scalar,
     send_error,
 )
+from trtspec.triton.cancel import STOP_INPUT
 from trtspec.triton.requests import GenerationRequest, RequestInputError, parse_generation
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -41,6 +44,8 @@ def engine_metric_specs(max_draft_len: int) -> list[tuple]:
         ("trtspec_accepted_tokens_total", "Draft tokens the target accepted", "COUNTER", None, {}),
         ("trtspec_generated_tokens_total", "Tokens generated", "COUNTER", None, {}),
         ("trtspec_requests_finished_total", "Requests finished", "COUNTER", None, {}),
+        ("trtspec_requests_cancelled_total", "Requests stopped early (client gone or a stop request)",
+         "COUNTER", None, {}),
         ("trtspec_acceptance_length", "Tokens per target pass, per request (acceptance length)",
          "HISTOGRAM", al_buckets, {}),
         ("trtspec_draft_seconds", "Time spent drafting, per request", "HISTOGRAM", SECONDS_BUCKETS, {}),
@@ -54,7 +59,7 @@ def engine_metric_specs(max_draft_len: int) -> list[tuple]:
     ]
 
 
-def finished_metric_ops(stats) -> list[tuple]:
+def finished_metric_ops(stats, cancelled: bool = False) -> list[tuple]:
     ops = [
         ("increment", "trtspec_draft_tokens_total", stats.drafted, {}),
         ("increment", "trtspec_accepted_tokens_total", stats.accepted, {}),
@@ -66,6 +71,8 @@ def finished_metric_ops(stats) -> list[tuple]:
         ("set", "trtspec_resident_memory_bytes", resident_bytes(), {}),
         ("increment", "trtspec_inflight_requests", -1, {}),
     ]
+    if cancelled:
+        ops.append(("increment", "trtspec_requests_cancelled_total", 1, {}))
     if stats.steps:
         ops.append(("observe", "trtspec_acceptance_length", stats.acceptance_length, {}))
     if stats.generated:
@@ -97,10 +104,11 @@ class _Counters:
 class _Stream:
     """One request's responses, sent from the engine thread."""
 
-    def __init__(self, model: "EngineModel", sender, req: GenerationRequest):
-        self.model, self.sender, self.req = model, sender, req
+    def __init__(self, model: "EngineModel", sender, req: GenerationRequest, request_id: str = ""):
+        self.model, self.sender, self.req, self.request_id = model, sender, req, request_id
         self.tokens: list[int] = []  # non-streaming: everything so far
         self.cancel_checked = 0.0
+        self.stop_requested = False  # set by a stop request with this request's id
         # draft_input_ids are the tokens right after the prompt (the tensorrtllm backend verifies
         # them in the context phase); the engine's external drafts continue after its prefill
         # token. So the first draft token is checked against the prefill token here and the rest
@@ -122,6 +130,8 @@ class _Stream:
 
     def on_event(self, ev) -> bool | None:
         pb = self.model.pb
+        if ev.finished:
+            self.model.forget(self)
         if ev.finish_reason and ev.finish_reason.startswith("error"):
             send_error(pb, self.sender, f"generation failed: {ev.finish_reason[len('error: '):]}",
                        invalid_argument=False)
@@ -132,7 +142,7 @@ class _Stream:
         counters = self.counters(ev.stats)
         perf = self.perf_json(ev.stats) if ev.finished else ""
         if ev.finished:  # before the final response: a client that reads /metrics next sees this request
-            self.model.metrics.apply(finished_metric_ops(ev.stats))
+            self.model.metrics.apply(finished_metric_ops(ev.stats, ev.finish_reason == "cancelled"))
         if self.req.streaming:
             if ev.new_tokens or ev.finished:
                 tensors = response_tensors(pb, ev.new_tokens, counters, self.model.served_by, perf)
@@ -146,6 +156,8 @@ class _Stream:
                                  flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if ev.finished:
             return None
+        if self.stop_requested:
+            return False
         # is_cancelled() is a round trip to the server: ask a few times a second, not every step
         now = time.monotonic()
         if now - self.cancel_checked > 0.2:
@@ -173,6 +185,9 @@ class EngineModel:
         self.background = BackgroundEngine(self.engine, max_queue=int(p.get("max_queue_size") or 0) or 1024)
         # the lead adds external drafts to submit(); until then draft_input_ids is refused clearly
         self.external_drafts = "draft_tokens" in inspect.signature(self.background.submit).parameters
+        # request id → its streams in flight, for stop requests (ids are the client's: may repeat)
+        self.by_id: dict[str, list[_Stream]] = {}
+        self.by_id_lock = threading.Lock()
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
         self.pb.Logger.log_info(
@@ -186,6 +201,11 @@ class EngineModel:
 
     def _submit(self, request) -> None:
         sender = request.get_response_sender()
+        stop = input_array(self.pb, request, STOP_INPUT)
+        if stop is not None and bool(stop.reshape(-1)[0]):
+            self._stop(request.request_id())
+            sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            return
         try:
             req = parse_generation(lambda name: input_array(self.pb, request, name))
             kwargs = {}
@@ -195,11 +215,13 @@ class EngineModel:
                                             fix="omit draft_input_ids")
                 if len(req.draft_input_ids) > 1:
                     kwargs["draft_tokens"] = req.draft_input_ids[1:]  # the first is checked by _Stream
-            stream = _Stream(self, sender, req)
+            stream = _Stream(self, sender, req, request.request_id())
             self.metrics.apply([("increment", "trtspec_inflight_requests", 1, {})])
+            self._remember(stream)
             try:
                 self.background.submit(req.input_ids, req.sampling_params(), stream.on_event, **kwargs)
             except BaseException:
+                self.forget(stream)
                 self.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
                 raise
         except TrtspecError as e:
@@ -207,6 +229,29 @@ class EngineModel:
         except Exception as e:  # noqa: BLE001 - one bad request must not take the model down
             send_error(self.pb, sender, f"{self.name}: internal error: {type(e).__name__}: {e}",
                        invalid_argument=False)
+
+    def _remember(self, stream: _Stream) -> None:
+        if stream.request_id:
+            with self.by_id_lock:
+                self.by_id.setdefault(stream.request_id, []).append(stream)
+
+    def forget(self, stream: _Stream) -> None:
+        if stream.request_id:
+            with self.by_id_lock:
+                streams = self.by_id.get(stream.request_id, [])
+                if stream in streams:
+                    streams.remove(stream)
+                if not streams:
+                    self.by_id.pop(stream.request_id, None)
+
+    def _stop(self, request_id: str) -> None:
+        """A stop request: every request in flight with this id stops at its next step (none is
+        fine: it may have finished meanwhile)."""
+        if not request_id:
+            return
+        with self.by_id_lock:
+            for stream in self.by_id.get(request_id, []):
+                stream.stop_requested = True
 
     def finalize(self) -> None:
         # cancels what is still running; each request gets its final response

@@ -9,18 +9,30 @@ policy (rolling acceptance, measured costs).
 The generation models of trtspec (torch engine, LLM API, draft-target BLS) mark their final
 response with a non-empty ``perf_json``. NVIDIA's tensorrtllm C++ backend has no such output, so
 for it the router holds each response until the next arrives and marks the last one final.
+
+Faults and cancellation (docs/reliability.md): every engine request gets its own id, sent on as
+``request_key`` so postprocessing can stop it when the client goes away (``cancel``). A monitor
+thread watches the engine's stub processes: Triton 2.51 never answers the requests in flight on a
+stub that died, so the router ends them with an error at once instead of leaving their clients
+waiting; it also stops the engine request when the router's own request is cancelled (a client
+of ``router`` itself).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import pathlib
+import re
 import threading
 
 import numpy as np
 
 from trtspec.errors import TrtspecError
 from trtspec.triton.backend_common import Metrics, input_array, model_parameters, output_array, scalar, send_error
+from trtspec.triton.cancel import STOP_INPUT, new_request_id, request_key, send_stop
 from trtspec.triton.detok import DetokWindow
+from trtspec.triton.procs import is_instance_of, stubs_of
 from trtspec.triton.requests import (
     ENGINE_OUTPUTS,
     TENSORRTLLM_OUTPUTS,
@@ -31,6 +43,22 @@ from trtspec.triton.requests import (
 from trtspec.triton.routing import RoutingPolicy
 
 PATHS = ("speculative", "baseline")
+MONITOR_EVERY_S = 0.5
+
+
+class _Aborted(Exception):
+    """The relay was ended by the monitor (engine stub gone): stop relaying quietly."""
+
+
+class _Relay:
+    """One request in flight: where it goes and whether it was ended from outside."""
+
+    def __init__(self, sender, model: str, engine_request_id: str, key: str):
+        self.sender, self.model, self.engine_request_id, self.key = sender, model, engine_request_id, key
+        self.lock = threading.Lock()
+        self.done = False  # a final response was sent (by the relay or by the monitor)
+        self.stop_sent = False
+        self.engine_pids: frozenset[int] | None = None  # the engine's stubs when first seen
 
 
 class _Item:
@@ -79,6 +107,15 @@ class Router:
             import trtspec.speculative.stats  # noqa: F401
         self.threads: set[threading.Thread] = set()
         self.threads_lock = threading.Lock()
+        # which engine models take a stop request (trtspec's torch engine declares the input)
+        here = pathlib.Path(args["model_repository"]).parent
+        self.stoppable = {m: _declares_input(here / m / "config.pbtxt", STOP_INPUT)
+                          for m in self.models.values() if m}
+        self.relays: dict[int, _Relay] = {}
+        self.relays_lock = threading.Lock()
+        self.closing = threading.Event()
+        self.monitor = threading.Thread(target=self._monitor, daemon=True, name=f"{self.name}-monitor")
+        self.monitor.start()
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
         routes = ((("speculative", "speculative"), ("speculative", "probe"), ("baseline", "fraction"),
                    ("baseline", "fallback")) if self.policy.has_speculative
@@ -117,18 +154,27 @@ class Router:
     # ------------------------------------------------------------------ one request
 
     def _serve(self, sender, req: GenerationRequest, path: str) -> None:
+        model = self.models[path]
+        rid = new_request_id(self.name)
+        relay = _Relay(sender, model, rid, request_key(model, rid) if self.stoppable.get(model) else "")
+        with self.relays_lock:
+            self.relays[id(relay)] = relay
         try:
-            self._relay(sender, req, path)
+            self._relay(relay, req, path)
+        except _Aborted:
+            pass
         except Exception as e:  # noqa: BLE001 - answer this request, keep serving
             try:
-                send_error(self.pb, sender, f"{self.name}: {type(e).__name__}: {e}", invalid_argument=False)
+                self._close(relay, f"{self.name}: {type(e).__name__}: {e}")
             except Exception:  # noqa: BLE001 - the request may already be closed
                 pass
         finally:
+            with self.relays_lock:
+                self.relays.pop(id(relay), None)
             with self.threads_lock:
                 self.threads.discard(threading.current_thread())
 
-    def _relay(self, sender, req: GenerationRequest, path: str) -> None:
+    def _relay(self, relay: _Relay, req: GenerationRequest, path: str) -> None:
         pb = self.pb
         model, kind = self.models[path], self.kinds[path]
         names = ENGINE_OUTPUTS if kind == "trtspec" else TENSORRTLLM_OUTPUTS
@@ -136,13 +182,19 @@ class Router:
             model_name=model,
             inputs=[pb.Tensor(k, v) for k, v in engine_inputs(req, with_drafts=False).items()],
             requested_output_names=list(names),
+            request_id=relay.engine_request_id,
         )
         window = DetokWindow(() if req.exclude_input_in_output else req.input_ids)
         pending: _Item | None = None
         last: _Item | None = None
         for resp in bls.exec(decoupled=True):
             if resp.has_error():
-                sender.send(pb.InferenceResponse(error=resp.error()), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                with relay.lock:
+                    if relay.done:
+                        raise _Aborted
+                    relay.done = True
+                    relay.sender.send(pb.InferenceResponse(error=resp.error()),
+                                      flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
             if pb.get_output_tensor_by_name(resp, "output_ids") is None:
                 continue  # an empty response carrying only the final flag
@@ -151,24 +203,24 @@ class Router:
                 final = item.perf_json != ""
                 if final:  # update the policy before the client can send its next request
                     self._finished(path, item)
-                self._send(sender, item, window, final)
+                self._send(relay, item, window, final)
                 last = item
                 if final:
                     return
             else:  # tensorrtllm backend: hold one back to know which is last
                 if pending is not None:
-                    self._send(sender, pending, window, False)
+                    self._send(relay, pending, window, False)
                 pending = item
         if pending is not None:
             self._finished(path, pending)
-            self._send(sender, pending, window, True)
+            self._send(relay, pending, window, True)
         elif last is not None:  # closed without a final-marked response: close the stream ourselves
             self._finished(path, last)
-            self._send(sender, _empty_like(last), window, True)
+            self._send(relay, _empty_like(last), window, True)
         else:
             raise RuntimeError(f"{model} closed the request without a response")
 
-    def _send(self, sender, item: _Item, window: DetokWindow, final: bool) -> None:
+    def _send(self, relay: _Relay, item: _Item, window: DetokWindow, final: bool) -> None:
         pb = self.pb
         ids, ctx = window.next(item.ids)
         tensors = [
@@ -182,9 +234,55 @@ class Router:
             pb.Tensor("detok_length", scalar(len(ids), np.int32)),
             pb.Tensor("detok_context_length", scalar(ctx, np.int32)),
             pb.Tensor("is_final", scalar(final, bool)),
+            pb.Tensor("request_key", scalar(relay.key, object)),
         ]
-        sender.send(pb.InferenceResponse(output_tensors=tensors),
-                    flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+        with relay.lock:
+            if relay.done:
+                raise _Aborted
+            relay.done = final
+            relay.sender.send(pb.InferenceResponse(output_tensors=tensors),
+                              flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
+
+    def _close(self, relay: _Relay, message: str) -> None:
+        """End the client's request with an error, unless it already got its final response."""
+        with relay.lock:
+            if relay.done:
+                return
+            relay.done = True
+            send_error(self.pb, relay.sender, message, invalid_argument=False)
+
+    # ------------------------------------------------------------------ the monitor
+
+    def _monitor(self) -> None:
+        server = os.getppid()  # the stubs are tritonserver's children
+        while not self.closing.wait(MONITOR_EVERY_S):
+            with self.relays_lock:
+                relays = list(self.relays.values())
+            if not relays:
+                continue
+            try:
+                self._check(relays, server)
+            except Exception as e:  # noqa: BLE001 - the monitor must outlive any one failure
+                self.pb.Logger.log_warn(f"{self.name}: monitor: {type(e).__name__}: {e}")
+
+    def _check(self, relays: list[_Relay], server: int) -> None:
+        live = stubs_of(server)
+        for relay in relays:
+            if relay.done:
+                continue
+            pids = frozenset(s.pid for s in live if is_instance_of(s.instance, relay.model))
+            if relay.engine_pids is None:
+                relay.engine_pids = pids  # empty when the engine runs no python stub
+            elif relay.engine_pids and not relay.engine_pids & pids:
+                self.pb.Logger.log_warn(f"{self.name}: {relay.model} stub exited; ending request "
+                                        f"{relay.engine_request_id} with an error")
+                self._close(relay, f"{self.name}: the '{relay.model}' model's python stub exited while "
+                                   "serving this request (crashed or killed); the watchdog of `trtspec serve` "
+                                   "reloads it: retry the request")
+                continue
+            if relay.key and not relay.stop_sent and relay.sender.is_cancelled():
+                relay.stop_sent = True
+                send_stop(self.pb, relay.model, relay.engine_request_id)
 
     def _finished(self, path: str, item: _Item) -> None:
         perf = None
@@ -208,10 +306,23 @@ class Router:
         self.metrics.apply(ops)
 
     def finalize(self) -> None:
+        self.closing.set()
+        with self.relays_lock:
+            stuck = sum(r.done for r in self.relays.values())  # ended by the monitor: never return
         with self.threads_lock:
             threads = list(self.threads)
-        for t in threads:
-            t.join(timeout=10)
+        if len(threads) > stuck:
+            for t in threads:
+                t.join(timeout=10)
+
+
+def _declares_input(config: pathlib.Path, name: str) -> bool:
+    """Whether a model's config.pbtxt declares input ``name`` (False when unreadable)."""
+    try:
+        text = config.read_text()
+    except OSError:
+        return False
+    return re.search(r'name:\s*"' + re.escape(name) + '"', text) is not None
 
 
 def _empty_like(item: _Item) -> _Item:

@@ -9,10 +9,13 @@ names the value and the limit.
 from __future__ import annotations
 
 import pathlib
+import threading
+import time
 
 import numpy as np
 
 from trtspec.triton.backend_common import error_response, input_array, model_parameters
+from trtspec.triton.cancel import CHECK_EVERY_S, parse_request_key, send_stop
 from trtspec.triton.detok import text_delta
 from trtspec.triton.requests import RequestInputError
 
@@ -124,12 +127,52 @@ class Preprocessing:
 
 
 class Postprocessing:
+    """ids → text, and the place where the ensemble's cancellations become visible: each streamed
+    response reaches postprocessing as a new request, which Triton marks cancelled once the
+    client has gone; postprocessing then stops the engine request (``trtspec.triton.cancel``)."""
+
     pb = None  # triton_python_backend_utils, set by model.py
 
     def initialize(self, args: dict) -> None:
         p = model_parameters(args)
         self.tokenizer = Tokenizer(p["tokenizer_dir"])
         self.skip_special_tokens = p.get("skip_special_tokens", "true").lower() == "true"
+        self.checked: dict[str, float] = {}  # request key → when is_cancelled() was last asked
+        self.stopped: dict[str, float] = {}  # request key → when its stop was sent
+
+    def _cancelled(self, r, key: str, final: bool) -> bool:
+        """Whether the client of this response's request went away (asked at most every
+        CHECK_EVERY_S per request: each call is a round trip to the server). The first time it
+        has, the engine is asked to stop the request."""
+        if not key or parse_request_key(key) is None:
+            return False
+        if final:  # the engine is done with it
+            self.checked.pop(key, None)
+            self.stopped.pop(key, None)
+            return False
+        if key in self.stopped:
+            return True
+        now = time.monotonic()
+        if now - self.checked.get(key, 0.0) < CHECK_EVERY_S:
+            return False
+        self.checked[key] = now
+        if not r.is_cancelled():
+            return False
+        del self.checked[key]
+        self.stopped[key] = now
+        threading.Thread(target=self._stop, args=(key,), daemon=True, name="postprocessing-stop").start()
+        for table in (self.checked, self.stopped):  # keys whose final response never came
+            for k in [k for k, t in table.items() if now - t > 600]:
+                del table[k]
+        return True
+
+    def _stop(self, key: str) -> None:
+        model, rid = parse_request_key(key)
+        try:
+            send_stop(self.pb, model, rid)
+            self.pb.Logger.log_info(f"postprocessing: client cancelled; stopped {rid} on {model}")
+        except Exception as e:  # noqa: BLE001 - best effort: the request then runs to its end
+            self.pb.Logger.log_warn(f"postprocessing: could not stop {rid} on {model}: {e}")
 
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), self.skip_special_tokens)
@@ -143,8 +186,13 @@ class Postprocessing:
                 lengths = input_array(pb, r, "SEQUENCE_LENGTH")  # [1, beam]
                 ctx = input_array(pb, r, "CONTEXT_LENGTH")
                 final = input_array(pb, r, "IS_FINAL")
+                key = input_array(pb, r, "REQUEST_KEY")
                 ctx = 0 if ctx is None else int(ctx.reshape(-1)[0])
                 final = True if final is None else bool(final.reshape(-1)[0])
+                key = "" if key is None else key.reshape(-1)[0].decode(errors="replace")
+                if self._cancelled(r, key, final):
+                    out.append(error_response(pb, "postprocessing: the request was cancelled", invalid_argument=False))
+                    continue
                 texts = []
                 for b in range(tokens.shape[0]):
                     beams = []
