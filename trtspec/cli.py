@@ -637,23 +637,38 @@ def package(config: str, out_dir: str, build_dir: str | None, target: str | None
 @click.option("--json", "as_json", is_flag=True, help="Print the endpoints as one JSON line when ready.")
 @click.option("--dry-run", is_flag=True,
               help="Print the launch plan (TRT-LLM engines: mpirun over every rank) and exit; starts nothing.")
+@click.option("--no-watchdog", is_flag=True,
+              help="Do not watch the models (no reload of a model whose python stub died; docs/reliability.md).")
+@click.option("--probe-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds between the watchdog's one-token probes of the entry points; 0 = no probes.")
+@click.option("--load-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds a watchdog reload may take before the server is stopped with an error.")
 @handle_errors
 def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
-          ready_timeout: float | None, as_json: bool, dry_run: bool) -> None:
-    """Serve a model repository with tritonserver until Ctrl-C or SIGTERM.
+          ready_timeout: float | None, as_json: bool, dry_run: bool, no_watchdog: bool, probe_every: float,
+          load_timeout: float) -> None:
+    """Serve a model repository with tritonserver until Ctrl-C, SIGTERM or SIGHUP.
 
     Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
     Models are decoupled: clients use the gRPC streaming API (unary ModelInfer is rejected).
     TRT-LLM engines over several GPUs run as MPI ranks, as NVIDIA's launch_triton_server.py
     starts them (runtime.trtllm.launch_mode; docs/scaleout.md).
+
+    A watchdog reloads a model whose python stub died (Triton 2.51 leaves it READY but failing),
+    logs it and counts it on /metrics (trtspec_watchdog_*); a reload that fails or hangs stops
+    the server with an error (exit 1). Single-process servers only.
     """
     from trtspec.triton.mpi import planned_launch, with_repository_layout
     from trtspec.triton.render import read_repository_manifest
     from trtspec.triton.server import server_for_repository
+    from trtspec.triton.watchdog import WatchdogSettings
 
+    watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
+                                                         load_timeout_s=load_timeout)
     server = with_repository_layout(server_for_repository(
         repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
-        ready_timeout=ready_timeout))
+        ready_timeout=ready_timeout, watchdog=watchdog,
+        on_watchdog_event=lambda ev: err.print(str(ev), markup=False)))
     if dry_run:
         plan = planned_launch(server)
         if 0 in server.ports:
@@ -668,7 +683,8 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     with server:
         e = server.endpoints
         if as_json:
-            click.echo(json.dumps({**e.to_dict(), "log": str(server.log_path)}), nl=True)
+            click.echo(json.dumps({**e.to_dict(), "log": str(server.log_path),
+                                   "watchdog": server.watchdog is not None}), nl=True)
             sys.stdout.flush()
         else:
             out.print(f"[green]ready[/]: {repo}")
@@ -679,6 +695,8 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
             if models:
                 out.print(f"  models   {models['speculative']} (speculative path), {models['baseline']} (baseline)")
             out.print(f"  log      {server.log_path}")
+            if server.watchdog is not None:
+                out.print("  watchdog reloads models whose python stub died (trtspec_watchdog_* on /metrics)")
             out.print("[dim]Ctrl-C to stop[/]")
         server.serve_forever()
         err.print("stopping (draining in-flight requests) ...")

@@ -25,6 +25,7 @@ import os
 import pathlib
 import re
 import threading
+import time
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class _Relay:
         self.lock = threading.Lock()
         self.done = False  # a final response was sent (by the relay or by the monitor)
         self.stop_sent = False
-        self.engine_pids: frozenset[int] | None = None  # the engine's stubs when first seen
+        self.started = time.monotonic()
 
 
 class _Item:
@@ -113,6 +114,9 @@ class Router:
                           for m in self.models.values() if m}
         self.relays: dict[int, _Relay] = {}
         self.relays_lock = threading.Lock()
+        # the engines' stub pids at the last scan (None: not scanned since the router was idle)
+        self.scan: dict[str, frozenset[int]] | None = None
+        self.scan_lock = threading.Lock()
         self.closing = threading.Event()
         self.monitor = threading.Thread(target=self._monitor, daemon=True, name=f"{self.name}-monitor")
         self.monitor.start()
@@ -157,6 +161,9 @@ class Router:
         model = self.models[path]
         rid = new_request_id(self.name)
         relay = _Relay(sender, model, rid, request_key(model, rid) if self.stoppable.get(model) else "")
+        with self.scan_lock:
+            if self.scan is None:  # first request after an idle spell: know the stubs it starts on
+                self.scan = self._scan()
         with self.relays_lock:
             self.relays[id(relay)] = relay
         try:
@@ -254,26 +261,35 @@ class Router:
     # ------------------------------------------------------------------ the monitor
 
     def _monitor(self) -> None:
-        server = os.getppid()  # the stubs are tritonserver's children
         while not self.closing.wait(MONITOR_EVERY_S):
             with self.relays_lock:
-                relays = list(self.relays.values())
+                relays = [r for r in self.relays.values() if not r.done]
             if not relays:
+                with self.scan_lock:
+                    self.scan = None  # no scanning while idle
                 continue
             try:
-                self._check(relays, server)
+                self._check(relays)
             except Exception as e:  # noqa: BLE001 - the monitor must outlive any one failure
                 self.pb.Logger.log_warn(f"{self.name}: monitor: {type(e).__name__}: {e}")
 
-    def _check(self, relays: list[_Relay], server: int) -> None:
-        live = stubs_of(server)
+    def _scan(self) -> dict[str, frozenset[int]]:
+        live = stubs_of(os.getppid())  # the stubs are tritonserver's children, as this one
+        return {m: frozenset(s.pid for s in live if is_instance_of(s.instance, m))
+                for m in self.models.values() if m}
+
+    def _check(self, relays: list[_Relay]) -> None:
+        """End the relays whose engine stub died since the last scan (Triton never answers them);
+        send the engine a stop for relays whose own request was cancelled."""
+        now = time.monotonic()
+        with self.scan_lock:
+            before, self.scan = self.scan, self._scan()
+            after = self.scan
+        died = {m for m, pids in (before or {}).items() if pids - after.get(m, frozenset())}
         for relay in relays:
-            if relay.done:
-                continue
-            pids = frozenset(s.pid for s in live if is_instance_of(s.instance, relay.model))
-            if relay.engine_pids is None:
-                relay.engine_pids = pids  # empty when the engine runs no python stub
-            elif relay.engine_pids and not relay.engine_pids & pids:
+            # a relay that started before the stub died went to it: with one instance per model
+            # (trtspec's configs) that is exact; with several, relays on the others end too
+            if relay.model in died and relay.started < now:
                 self.pb.Logger.log_warn(f"{self.name}: {relay.model} stub exited; ending request "
                                         f"{relay.engine_request_id} with an error")
                 self._close(relay, f"{self.name}: the '{relay.model}' model's python stub exited while "

@@ -468,10 +468,15 @@ def planned_launch(server: TritonServer) -> LaunchPlan:
     else:
         layout = Layout(mode="single", world_size=1)
     grpc_port, http_port, metrics_port = server.ports
+    extra = tuple(server.extra_args)
+    if layout.mode == "single" and getattr(server, "watchdog_settings", None) is not None:
+        # as TritonServer.command(): the watchdog's model repository lives in the work folder
+        extra = ("--model-control-mode=explicit", "--load-model=*",
+                 "--model-repository=<work folder>/watchdog_repository", *extra)
     return launch_plan(
         layout, repository=str(server.repository), host=server.host, grpc_port=grpc_port or 8001,
         http_port=http_port or 8000, metrics_port=metrics_port or 8002,
         tritonserver=str(server.binary) if server.binary else "tritonserver",
         mpirun=getattr(server, "mpirun", None) or "mpirun", exit_timeout=server.exit_timeout,
-        log_verbose=server.log_verbose, extra_args=server.extra_args,
+        log_verbose=server.log_verbose, extra_args=extra,
     )

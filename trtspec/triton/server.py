@@ -10,12 +10,23 @@ stub's libpython matches the venv's stdlib). See reference/triton-cpu.md §1.
 Lifecycle: the server runs in its own process group; readiness is polled with a bounded timeout
 (a python stub that cannot start makes model loading hang forever); a model that fails to load
 is reported by name with the reason from the server log; :meth:`stop` sends SIGTERM (graceful:
-in-flight requests drain), then kills the whole group and removes the python backend's
-shared-memory files (``/dev/shm/<shm-region-prefix-name>*``).
+in-flight requests drain), then kills the whole group and removes what the python backend leaves
+behind when a server does not exit cleanly: its shared-memory files
+(``/dev/shm/<shm-region-prefix-name>*``) and its ``/tmp/python_env_*`` folder (a path the backend
+hard-codes). Each running server is recorded in ``$TMPDIR/trtspec-triton-servers/``; a later start
+cleans up after servers whose launcher was killed before it could (``sweep_leftovers``).
+
+With ``watchdog=WatchdogSettings()`` the server runs under explicit model control (every model
+loaded at start) and a :class:`~trtspec.triton.watchdog.Watchdog` reloads models whose python stub
+died (docs/reliability.md).
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import glob
+import json
 import os
 import pathlib
 import re
@@ -36,6 +47,9 @@ from trtspec.errors import ServerError
 from trtspec.triton_paths import pytriton_dist
 
 SHM_DIR = pathlib.Path("/dev/shm")
+# the python backend's EnvironmentManager makes one mkdtemp("/tmp/python_env_XXXXXX") per server
+# and removes it only on a clean exit; the path ignores TMPDIR
+PYTHON_ENV_GLOB = "/tmp/python_env_*"
 
 
 @dataclass(frozen=True)
@@ -199,6 +213,9 @@ class TritonServer:
         workdir: str | os.PathLike | None = None,
         log_verbose: int = 0,
         extra_args: tuple[str, ...] = (),
+        watchdog=None,
+        entry_points: tuple[str, ...] = (),
+        on_watchdog_event=None,
     ):
         self.repository = pathlib.Path(repository).resolve()
         if not self.repository.is_dir():
@@ -220,6 +237,12 @@ class TritonServer:
         self._log = None
         self._own_workdir = False
         self.returncode: int | None = None
+        self.watchdog_settings = watchdog  # WatchdogSettings | None
+        self.entry_points = tuple(entry_points)
+        self.on_watchdog_event = on_watchdog_event
+        self.watchdog = None  # the running Watchdog
+        self.python_env_dirs: list[pathlib.Path] = []
+        self._record: pathlib.Path | None = None
 
     # ---------------------------------------------------------------- command
 
@@ -241,7 +264,19 @@ class TritonServer:
             dist = pytriton_dist()
             if dist is not None and (dist / "caches").is_dir():
                 cmd.append(f"--cache-directory={dist / 'caches'}")
+        if self.watchdog_settings is not None:
+            # load/unload need explicit model control; "*" loads every model at start, as before
+            cmd += ["--model-control-mode=explicit", "--load-model=*",
+                    f"--model-repository={self.workdir / 'watchdog_repository'}"]
         return cmd + list(self.extra_args)
+
+    def _write_watchdog_model(self) -> None:
+        from trtspec.triton.backend_watchdog import CONFIG, MODEL_PY, NAME
+
+        d = self.workdir / "watchdog_repository" / NAME
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        (d / "config.pbtxt").write_text(CONFIG)
+        (d / "1" / "model.py").write_text(MODEL_PY)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -261,25 +296,64 @@ class TritonServer:
             self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="trtspec-triton-"))
             self._own_workdir = True
         backends = prepare_backends(self.workdir) if bundled else None
+        if self.watchdog_settings is not None:
+            self._write_watchdog_model()
+        sweep_leftovers()
         g, h, m = self.ports
         self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(self.host),
                                    m or free_port(self.host))
         self.log_path = self.workdir / "tritonserver.log"
         self._log = open(self.log_path, "wb")
         self.cmd = self.command(backends)
-        try:
-            # own session/process group: the python stubs are killed with the server
-            self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                         env=server_env(), start_new_session=True, cwd=self.workdir)
-        except OSError as e:
-            self._log.close()
-            raise ServerError(f"cannot start {binary}: {e}") from None
+        with _start_lock():
+            before = set(glob_python_envs())
+            try:
+                # own session/process group: the python stubs are killed with the server
+                self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                             env=server_env(), start_new_session=True, cwd=self.workdir)
+            except OSError as e:
+                self._log.close()
+                raise ServerError(f"cannot start {binary}: {e}") from None
+            try:
+                self._find_python_env(before)
+            except BaseException:
+                self.stop()
+                raise
         try:
             self._wait_ready()
+            if self.watchdog_settings is not None:
+                from trtspec.triton.watchdog import Watchdog
+
+                self.watchdog = Watchdog(self.endpoints.http, self.proc.pid, self.watchdog_settings,
+                                         entry_points=self.entry_points, on_event=self.on_watchdog_event).start()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _find_python_env(self, before: set[pathlib.Path], timeout: float = 30.0) -> None:
+        """Which ``/tmp/python_env_*`` folder this server's python backend made (it appears when
+        the first python model loads, right at start). Called under the start lock, so another
+        trtspec server starting at the same time cannot make it ambiguous."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = sorted(set(glob_python_envs()) - before)
+            if new:
+                self.python_env_dirs = new
+                break
+            if self.proc.poll() is not None or self._ready():
+                break  # exited, or ready without python models
+            time.sleep(0.05)
+        self._write_record()
+
+    def _write_record(self) -> None:
+        d = _records_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        self._record = d / f"{self.proc.pid}.json"
+        self._record.write_text(json.dumps({
+            "server_pid": self.proc.pid, "argv0": self.cmd[0], "launcher_pid": os.getpid(),
+            "shm_prefix": self.shm_prefix,
+            "python_env_dirs": [str(p) for p in self.python_env_dirs], "workdir": str(self.workdir)}))
 
     def __enter__(self) -> "TritonServer":
         return self.start()
@@ -335,9 +409,12 @@ class TritonServer:
         return ServerError("\n".join(lines), fix=fix)
 
     def stop(self) -> int | None:
-        """Graceful stop (SIGTERM, drain), then kill the process group; clean shared memory."""
+        """Graceful stop (SIGTERM, drain), then kill the process group; clean shared memory and the
+        python backend's temp folder."""
         if self.proc is None:
             return None
+        if self.watchdog is not None:
+            self.watchdog.stop()
         if self.proc.poll() is None:
             try:
                 self.proc.send_signal(signal.SIGTERM)
@@ -349,11 +426,9 @@ class TritonServer:
         except (ProcessLookupError, PermissionError):
             pass
         self.returncode = self.proc.wait()
-        for f in SHM_DIR.glob(self.shm_prefix + "*"):
-            try:
-                f.unlink()
-            except OSError:
-                pass
+        _clean(self.shm_prefix, self.python_env_dirs)
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
         if self._log is not None and not self._log.closed:
             self._log.close()
         if self._own_workdir and self.workdir is not None and self.returncode == 0:
@@ -365,19 +440,23 @@ class TritonServer:
         return self.proc is not None and self.proc.poll() is None
 
     def serve_forever(self) -> None:
-        """Block until Ctrl-C or SIGTERM (then return; the caller stops the server gracefully).
+        """Block until Ctrl-C, SIGTERM or SIGHUP (then return; the caller stops the server
+        gracefully).
 
-        A server that exits by itself meanwhile is an error, with the reason from its log.
+        A server that exits by itself meanwhile is an error, with the reason from its log, and so
+        is a watchdog that gave up (a reload that failed or timed out, a crash loop).
         Signal handlers can only be installed from the main thread.
         """
         stop = threading.Event()
-        handled = (signal.SIGINT, signal.SIGTERM)
+        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
         old = {s: signal.signal(s, lambda *_: stop.set()) for s in handled}
         try:
             while not stop.wait(0.5):
                 rc = self.proc.poll()
                 if rc is not None:
                     raise self._failure(f"tritonserver exited by itself (code {rc})")
+                if self.watchdog is not None and self.watchdog.error is not None:
+                    raise self.watchdog.error
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
@@ -391,14 +470,22 @@ def server_for_repository(
     http_port: int | None = None,
     metrics_port: int | None = None,
     ready_timeout: float | None = None,
+    watchdog="default",
     **kwargs,
 ) -> TritonServer:
     """A :class:`TritonServer` for a repository; unset options come from the recipe in the
-    repository's ``trtspec.json`` (``serving``), then from the defaults (127.0.0.1, free ports)."""
+    repository's ``trtspec.json`` (``serving``), then from the defaults (127.0.0.1, free ports).
+    The watchdog is on (``WatchdogSettings()``, probing the repository's entry points) unless
+    ``watchdog=None``."""
     from trtspec.triton.render import read_repository_manifest
+    from trtspec.triton.watchdog import WatchdogSettings
 
     manifest = read_repository_manifest(repository) or {}
     serving = (manifest.get("recipe") or {}).get("serving") or {}
+    if watchdog == "default":
+        watchdog = WatchdogSettings()
+    entries = manifest.get("entry_points") or {}
+    kwargs.setdefault("entry_points", tuple(v for v in (entries.get("speculative"), entries.get("baseline")) if v))
 
     def pick(value, key, default):
         return value if value is not None else serving.get(key, default)
@@ -410,8 +497,73 @@ def server_for_repository(
         http_port=pick(http_port, "http_port", 0),
         metrics_port=pick(metrics_port, "metrics_port", 0),
         ready_timeout=pick(ready_timeout, "ready_timeout_s", 180.0),
+        watchdog=watchdog,
         **kwargs,
     )
+
+
+# ------------------------------------------------------------------------------------------
+# what abnormal exits leave behind
+
+
+def glob_python_envs() -> list[pathlib.Path]:
+    return [pathlib.Path(p) for p in sorted(glob.glob(PYTHON_ENV_GLOB))]
+
+
+def _records_dir() -> pathlib.Path:
+    return pathlib.Path(tempfile.gettempdir()) / "trtspec-triton-servers"
+
+
+@contextlib.contextmanager
+def _start_lock():
+    """Serializes the moment between starting a server and seeing its python_env folder."""
+    d = _records_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".start.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _clean(shm_prefix: str, python_env_dirs) -> None:
+    for f in SHM_DIR.glob(shm_prefix + "*") if shm_prefix else []:
+        try:
+            f.unlink()
+        except OSError:
+            pass
+    for d in python_env_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _runs(pid: int, argv0: str) -> bool:
+    """Whether process ``pid`` exists and runs ``argv0`` (not a recycled pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace") == argv0
+    except OSError:
+        return False
+
+
+def sweep_leftovers() -> list[int]:
+    """Clean up after recorded servers that are gone but were never stopped by their launcher
+    (it was killed): their shared-memory files and python_env folder. Returns their pids.
+    A server still running is left alone, even if its launcher is gone."""
+    swept = []
+    d = _records_dir()
+    for rec in d.glob("*.json") if d.is_dir() else []:
+        try:
+            info = json.loads(rec.read_text())
+            pid = int(info["server_pid"])
+        except (OSError, ValueError, KeyError):
+            continue
+        if _runs(pid, info.get("argv0", "")):
+            continue
+        _clean(info.get("shm_prefix", ""), [pathlib.Path(p) for p in info.get("python_env_dirs", [])])
+        rec.unlink(missing_ok=True)
+        swept.append(pid)
+    return swept
 
 
 def _shorten(s: str, n: int = 600) -> str:
