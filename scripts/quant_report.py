@@ -89,8 +89,14 @@ def main() -> int:
     command = "python scripts/quant_report.py" + (" --real" if a.real else "") + "".join(
         f" --{k.replace('_', '-')} {v}" for k, v in vars(a).items()
         if k not in ("real", "models", "out") and v != ap.get_default(k))
+    def shown(p: pathlib.Path) -> str:
+        try:
+            return str(p.resolve().relative_to(REPO))
+        except ValueError:
+            return str(p)
+
     doc = {
-        "pair": {"target": str(target), "draft": str(draft)},
+        "pair": {"target": shown(target), "draft": shown(draft)},
         "command": command,
         "settings": {"calibration": f"builtin stdlib train split, {a.calib_size} x {a.calib_seq_len} tokens",
                      "quality": settings.to_dict(), "kv_cache": a.kv_cache, "threads": a.threads},
