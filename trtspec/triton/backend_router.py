@@ -296,9 +296,16 @@ class Router:
                                    "serving this request (crashed or killed); the watchdog of `trtspec serve` "
                                    "reloads it: retry the request")
                 continue
-            if relay.key and not relay.stop_sent and relay.sender.is_cancelled():
+            if relay.key and not relay.stop_sent and self._cancelled(relay):
                 relay.stop_sent = True
                 send_stop(self.pb, relay.model, relay.engine_request_id)
+
+    @staticmethod
+    def _cancelled(relay: _Relay) -> bool:
+        # under the relay's lock: once the final response is sent the sender's response factory
+        # is gone, and is_cancelled() on it crashes tritonserver 2.51 (SIGSEGV, seen here)
+        with relay.lock:
+            return not relay.done and relay.sender.is_cancelled()
 
     def _finished(self, path: str, item: _Item) -> None:
         perf = None
