@@ -17,6 +17,7 @@ from trtspec.client import (
     RequestRejected,
     RequestTimeout,
     Sampling,
+    ServerBusy,
     ServerUnavailable,
     parse_url,
 )
@@ -49,7 +50,9 @@ def test_parse_url_rejects(url):
     ("INTERNAL", "Failed to process the request(s) for model 'failing_0', message: ValueError: boom\n\nAt:\n"
                  "  /x/model.py(11): execute", InferenceFailed),
     ("DEADLINE_EXCEEDED", "Deadline Exceeded", RequestTimeout),
-    ("UNAVAILABLE", "Request timeout expired", ServerUnavailable),
+    ("UNAVAILABLE", "Request timeout expired", ServerBusy),
+    (None, "tensorrt_llm: queue full (64 requests waiting)", ServerBusy),
+    ("UNAVAILABLE", "[request id: <id_unknown>] Exceeds maximum queue size", ServerBusy),
     ("UNAVAILABLE", "failed to connect to all addresses; last error: UNKNOWN: Connection refused", ServerUnavailable),
     (None, "Stream removed (Socket closed)", ServerUnavailable),
     ("INTERNAL", "Stub process 'crasher_0' is not healthy.", InferenceFailed),

@@ -11,6 +11,7 @@ from trtspec.client.errors import (
     ModelNotFound,
     RequestRejected,
     RequestTimeout,
+    ServerBusy,
     ServerNotReady,
     ServerRequestError,
     ServerUnavailable,
@@ -21,5 +22,5 @@ __all__ = [
     "AsyncLLMClient", "LLMClient", "ModelInfo", "parse_url", "SPECULATIVE_MODEL", "BASELINE_MODEL",
     "Sampling", "Chunk", "GenerationResult",
     "ServerRequestError", "ServerUnavailable", "ServerNotReady", "ModelNotFound", "RequestRejected",
-    "InferenceFailed", "RequestTimeout",
+    "InferenceFailed", "RequestTimeout", "ServerBusy",
 ]

@@ -25,7 +25,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -45,6 +45,7 @@ from trtspec.errors import ConfigError
 
 SPECULATIVE_MODEL = "ensemble"
 BASELINE_MODEL = "ensemble_baseline"
+OnChunk = Callable[[Chunk], "bool | None"]  # return False to cancel the request
 
 # logical request field → input names that carry it, per model kind (first declared name wins)
 _TEXT_INPUTS = {
@@ -260,28 +261,44 @@ class AsyncLLMClient:
 
     async def generate(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
                        model: str = SPECULATIVE_MODEL, stream: bool = True, request_id: str | None = None,
-                       timeout_s: float | None = None) -> GenerationResult:
-        """Send one request and collect every streamed response until the final one."""
+                       timeout_s: float | None = None, on_chunk: OnChunk | None = None) -> GenerationResult:
+        """Send one request and collect every streamed response until the final one.
+
+        ``timeout_s`` (default: the client's) is a deadline for the whole call, retries included.
+        When it passes, or ``on_chunk`` (called with each output chunk) returns False, or the
+        calling task is cancelled, the gRPC call is cancelled: Triton sees the client go away and
+        the engine stops generating (docs/reliability.md). The deadline raises
+        :class:`RequestTimeout`; ``on_chunk`` returning False returns the output so far with
+        ``cancelled=True``. An error after output began carries that output as ``error.partial``.
+        """
         sampling = sampling or Sampling()
         info = await self.model_info(model)
         inputs, prompt_tokens = self._inputs(info, prompt, sampling, stream)
-        rid = request_id or f"trtspec-{next(_ids)}"
+        rid = request_id or f"trtspec-{next(_ids)}-{os.getpid()}"
         timeout = self.timeout_s if timeout_s is None else timeout_s
-        for attempt in range(self.retries + 1):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        attempt = 0
+        while True:
+            parser = _ResponseParser(info, self.tokenizer, stream)
             try:
-                if timeout is None:
-                    res = await self._stream_once(info, inputs, rid, stream)
+                if deadline is None:
+                    res = await self._stream_once(info, inputs, rid, parser, on_chunk)
                 else:
-                    async with asyncio.timeout(timeout):
-                        res = await self._stream_once(info, inputs, rid, stream)
+                    async with asyncio.timeout_at(asyncio.get_running_loop().time()
+                                                  + max(0.0, deadline - time.monotonic())):
+                        res = await self._stream_once(info, inputs, rid, parser, on_chunk)
                 break
             except TimeoutError:
-                raise RequestTimeout(f"no final response within {timeout:g}s", url=self.url, model=model,
-                                     fix="raise the timeout or lower max_tokens") from None
+                err = RequestTimeout(f"no final response within {timeout:g}s", url=self.url, model=model,
+                                     fix="raise the timeout or lower max_tokens")
+                err.partial = parser.partial(model, rid)
+                raise err from None
             except _NoResponseYet as e:
-                if attempt == self.retries:
+                delay = self.backoff_s * 2**attempt
+                if attempt == self.retries or (deadline is not None and time.monotonic() + delay >= deadline):
                     raise e.error from None
-                await asyncio.sleep(self.backoff_s * 2**attempt)
+                attempt += 1
+                await asyncio.sleep(delay)
         res.attempts = attempt + 1
         res.prompt_tokens = prompt_tokens if prompt_tokens is not None else (res.perf or {}).get("prompt_tokens")
         return res
@@ -329,15 +346,14 @@ class AsyncLLMClient:
             tensors.append(info.tensor(name, [value]))
         return tensors, prompt_tokens
 
-    async def _stream_once(self, info: ModelInfo, inputs, rid: str, stream: bool) -> GenerationResult:
+    async def _stream_once(self, info: ModelInfo, inputs, rid: str, parser: "_ResponseParser",
+                           on_chunk: OnChunk | None) -> GenerationResult:
         c = self._grpc()
-        sent: list[float] = []
 
         async def requests():
-            sent.append(time.perf_counter())  # handed to gRPC now
+            parser.sent_at = time.perf_counter()  # handed to gRPC now
             yield {"model_name": info.name, "inputs": inputs, "request_id": rid}
 
-        parser = _ResponseParser(info, self.tokenizer, stream)
         it = None
         try:
             it = c.stream_infer(inputs_iterator=requests())
@@ -348,33 +364,35 @@ class AsyncLLMClient:
                     break
                 now = time.perf_counter()
                 if error is not None:
-                    err = classify(None, error.message() if callable(getattr(error, "message", None)) else str(error),
+                    raise classify(None, error.message() if callable(getattr(error, "message", None)) else str(error),
                                    url=self.url, model=info.name)
-                    if parser.responses == 0 and isinstance(err, ServerUnavailable):
-                        raise _NoResponseYet(err)
-                    raise err
-                if parser.add(result, now - sent[0]):
+                chunks = len(parser.chunks)
+                if parser.add(result, now - parser.sent_at):
                     await _finish(it)
                     break
-        except (ServerRequestError, _NoResponseYet):
+                if on_chunk is not None and len(parser.chunks) > chunks and on_chunk(parser.chunks[-1]) is False:
+                    it.cancel()  # the server sees the client go away and stops the request
+                    res = parser.result(info.name, rid)
+                    res.cancelled = True
+                    return res
+        except asyncio.CancelledError:  # the caller's task, or the deadline
             if it is not None:
                 it.cancel()
             raise
-        except asyncio.CancelledError:
+        except Exception as e:  # noqa: BLE001 - grpc.aio.AioRpcError, tritonclient errors, ours
             if it is not None:
                 it.cancel()
-            raise
-        except Exception as e:  # noqa: BLE001 - grpc.aio.AioRpcError and tritonclient errors
             err = from_exception(e, url=self.url, model=info.name)
             if parser.responses == 0 and isinstance(err, ServerUnavailable):
-                raise _NoResponseYet(err) from None
+                raise _NoResponseYet(err) from None  # nothing was generated for us: safe to retry
+            err.partial = parser.partial(info.name, rid)
             raise err from None
-        if not sent:
+        if parser.sent_at is None:
             raise ServerUnavailable("the request was never sent", url=self.url, model=info.name)
         if parser.responses == 0:
             raise InferenceFailed("the stream closed without a single response", url=self.url, model=info.name,
                                   fix="see the tritonserver log; the model may have dropped the request")
-        return parser.result(info.name, rid, sent[0])
+        return parser.result(info.name, rid)
 
 
 async def _finish(it, timeout_s: float = 2.0) -> None:
@@ -407,6 +425,7 @@ class _ResponseParser:
 
     def __init__(self, info: ModelInfo, tokenizer, stream: bool):
         self.info, self.tokenizer, self.stream = info, tokenizer, stream
+        self.sent_at: float | None = None
         self.responses = 0
         self.chunks: list[Chunk] = []
         self.texts: list[str] = []
@@ -464,7 +483,11 @@ class _ResponseParser:
         params = result.get_response().parameters
         return "triton_final_response" in params and params["triton_final_response"].bool_param
 
-    def result(self, model: str, rid: str, sent_at: float) -> GenerationResult:
+    def partial(self, model: str, rid: str) -> GenerationResult | None:
+        """What arrived before a failure (None when nothing did)."""
+        return self.result(model, rid) if self.responses and self.sent_at is not None else None
+
+    def result(self, model: str, rid: str) -> GenerationResult:
         text = "".join(self.texts)
         if self.server_ids:
             token_ids, source = self.ids, "server"
@@ -473,7 +496,7 @@ class _ResponseParser:
         else:
             token_ids, source = None, None
         return GenerationResult(
-            model=model, request_id=rid, text=text, token_ids=token_ids, chunks=self.chunks, sent_at=sent_at,
+            model=model, request_id=rid, text=text, token_ids=token_ids, chunks=self.chunks, sent_at=self.sent_at,
             end_s=self.end_s, token_ids_source=source, acceptance_rate=self.acc.get("acceptance_rate"),
             accepted_draft_tokens=self.acc.get("accepted"), draft_tokens=self.acc.get("drafted"),
             served_by=self.served_by, perf=self.perf, stream=self.stream,
@@ -519,9 +542,10 @@ class LLMClient:
 
     def generate(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
                  model: str = SPECULATIVE_MODEL, stream: bool = True, request_id: str | None = None,
-                 timeout_s: float | None = None) -> GenerationResult:
+                 timeout_s: float | None = None, on_chunk: OnChunk | None = None) -> GenerationResult:
+        """As :meth:`AsyncLLMClient.generate`; ``on_chunk`` runs on the client's event-loop thread."""
         return self._run(self._async.generate(prompt, sampling, model=model, stream=stream,
-                                              request_id=request_id, timeout_s=timeout_s))
+                                              request_id=request_id, timeout_s=timeout_s, on_chunk=on_chunk))
 
     def close(self) -> None:
         if self._loop.is_closed():

@@ -14,9 +14,11 @@ from trtspec.errors import ClientError
 
 class ServerRequestError(ClientError):
     """Base of the client's errors: ``url``, ``model``, ``status`` (gRPC code name) and the
-    server's ``server_message`` (full text, traceback included, for logs)."""
+    server's ``server_message`` (full text, traceback included, for logs). ``partial`` is the
+    output that arrived before the failure (a :class:`GenerationResult`), or None."""
 
     exit_code = 4
+    partial = None
 
     def __init__(self, message: str, *, url: str | None = None, model: str | None = None,
                  status: str | None = None, server_message: str | None = None, fix: str | None = None):
@@ -33,6 +35,11 @@ class ServerRequestError(ClientError):
 
 class ServerUnavailable(ServerRequestError):
     """Nothing answers at the URL, or the connection dropped (server crashed or stopping)."""
+
+
+class ServerBusy(ServerUnavailable):
+    """The server is up but turned the request away unserved (queue full, queue timeout): nothing
+    was generated, so it is safe to send again later."""
 
 
 class ServerNotReady(ServerRequestError):
@@ -95,6 +102,9 @@ def classify(status: str | None, message: str, *, url: str | None, model: str | 
         return ModelNotFound(f"the server has no such model: {msg}", **kw,
                              fix="check the model name against the repository (trtspec serves 'ensemble' and "
                                  "'ensemble_baseline'); `curl HOST:HTTP_PORT/v2/repository/index` lists them")
+    if "queue full" in low or "exceeds maximum queue size" in low or "request timeout expired" in low:
+        return ServerBusy(f"the server is busy and did not take the request: {msg}", **kw,
+                          fix="lower the concurrency or the request rate, or raise serving.max_queue_size")
     if status == "DEADLINE_EXCEEDED" or "deadline exceeded" in low:
         return RequestTimeout(f"request timed out: {msg}", **kw, fix="raise the client timeout or lower max_tokens")
     if status in ("INVALID_ARGUMENT", "UNIMPLEMENTED") or "unexpected inference input" in low \

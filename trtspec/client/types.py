@@ -81,6 +81,7 @@ class GenerationResult:
     perf: dict | None = None  # trtspec extra: the engine's per-request stats (final response)
     attempts: int = 1  # 1 + connection retries before the first response
     stream: bool = True
+    cancelled: bool = False  # the caller stopped it early (on_chunk returned False): output is partial
     extra: dict = field(default_factory=dict)
 
     @property
