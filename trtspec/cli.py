@@ -719,6 +719,14 @@ def _int_list(ctx, param, value):
     return xs
 
 
+def _url_list(ctx, param, value):
+    """--url a --url b, or --url a,b: the servers (replicas), in order, without repeats."""
+    urls = [u.strip() for v in value for u in str(v).split(",") if u.strip()]
+    if not urls:
+        raise click.BadParameter("expected HOST:PORT of the server's gRPC endpoint, e.g. --url 127.0.0.1:8001")
+    return tuple(dict.fromkeys(urls))
+
+
 def _progress():
     """A rich progress bar on stderr and the callback the library drives it with."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -751,8 +759,31 @@ def _bench_table(d: dict, title: str) -> Table:
     return table
 
 
+def _replica_table(d: dict, equivalence: dict | None = None) -> Table:
+    """Per replica, at each concurrency: output tokens/s of both models and the speedup (and the
+    greedy equivalence when validating)."""
+    table = Table(title="each replica", caption="tok/s = output tokens/s; × = speculative/baseline")
+    cols = ["c", "replica", "spec tok/s", "base tok/s", "×", "errors"] + (["exact"] if equivalence else [])
+    for col in cols:
+        table.add_column(col, justify="left" if col == "replica" else "right")
+    for lv in d["levels"]:
+        for url, rep in lv.get("replicas", {}).items():
+            m = rep["models"]
+            sp = rep.get("speedup", {}).get("output_token_throughput")
+            row = [str(lv["concurrency"]), url, f"{m['speculative']['output_token_throughput'] or 0:.1f}",
+                   f"{m['baseline']['output_token_throughput'] or 0:.1f}" if "baseline" in m else "-",
+                   "" if sp is None else f"{sp:.2f}", str(sum(x["errors"] for x in m.values()))]
+            if equivalence:
+                eq = equivalence[url]
+                row.append(f"{sum(p.exact for p in eq.prompts)}/{len(eq.prompts)}")
+            table.add_row(*row)
+    return table
+
+
 @main.command()
-@click.option("--url", required=True, help="gRPC endpoint of the server, HOST:PORT.")
+@click.option("--url", "urls", required=True, multiple=True, callback=_url_list,
+              help="gRPC endpoint of the server, HOST:PORT; several replicas: repeat it or give a comma list "
+                   "(each is loaded at every concurrency level; per-replica and total results).")
 @click.option("--concurrency", default="1,2,4", show_default=True, callback=_int_list,
               help="Comma-separated concurrency levels (requests in flight).")
 @click.option("--prompts", "prompt_source", default="builtin:code", show_default=True,
@@ -785,7 +816,7 @@ def _bench_table(d: dict, title: str) -> Table:
               help="Writes OUT/report.json, OUT/report.md and PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (no per-request records) as JSON.")
 @handle_errors
-def bench(url, concurrency, prompt_source, num_prompts, requests, duration, warmup, output_len, prompt_len,
+def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, warmup, output_len, prompt_len,
           temperature, top_k, top_p, seed, spec_model, baseline_model, no_baseline, tokenizer, no_stream, timeout,
           ready_timeout, out_dir, as_json):
     """Load-test a deployment: baseline and speculative side by side, GenAI-Perf metrics.
@@ -793,6 +824,9 @@ def bench(url, concurrency, prompt_source, num_prompts, requests, duration, warm
     TTFT, time to second token, ITL, inter-chunk latency, request latency, output tokens/s (per
     user and total), requests/s at p50/p90/p95/p99, acceptance rate and length, by prompt and
     output length; speculative/baseline ratios per concurrency level.
+
+    If a server goes away mid-run, the report of everything measured so far is still written,
+    and the command exits 4.
     """
     from trtspec.client.loadgen import BenchSettings, run_bench
     from trtspec.client.types import Sampling
@@ -810,19 +844,29 @@ def bench(url, concurrency, prompt_source, num_prompts, requests, duration, warm
     prompts = load_prompts(prompt_source, num_prompts)
     prog, update = _progress()
     with prog:
-        result = run_bench(url, prompts, settings, tokenizer=tokenizer, prompt_source=prompt_source,
-                           progress=update, ready_timeout_s=ready_timeout)
+        result = run_bench(urls[0] if len(urls) == 1 else urls, prompts, settings, tokenizer=tokenizer,
+                           prompt_source=prompt_source, progress=update, ready_timeout_s=ready_timeout)
     files = write_bench_report(result, out_dir)
     d = result.to_dict(with_records=False)
     if as_json:
         click.echo(json.dumps(d, indent=2, default=str))
-        return
-    out.print(_bench_table(d, f"trtspec bench {result.url} ({result.wall_s:.0f}s)"))
-    out.print(f"report: {os.path.join(out_dir, 'report.md')} (+ report.json, {len(files) - 2} plots)")
+    else:
+        out.print(_bench_table(d, f"trtspec bench {result.url} ({result.wall_s:.0f}s)"))
+        if len(result.replicas) > 1:
+            out.print(_replica_table(d))
+        out.print(f"report: {os.path.join(out_dir, 'report.md')} (+ report.json, {len(files) - 2} plots)")
+    if result.interrupted is not None:
+        i, o = result.interrupted, d["outcome"]
+        err.print(f"[bold red]error:[/] a server went away at concurrency {i['concurrency']} ({escape(i['phase'])}): "
+                  f"{escape(i['error'])}\n  {o['completed']} requests completed, {o['failed']} failed "
+                  f"({o['failed_with_partial_output']} with partial output); the report has everything measured")
+        sys.exit(4)
 
 
 @main.command()
-@click.option("--url", required=True, help="gRPC endpoint of the server, HOST:PORT.")
+@click.option("--url", "urls", required=True, multiple=True, callback=_url_list,
+              help="gRPC endpoint of the server, HOST:PORT; several replicas: repeat it or give a comma list "
+                   "(equivalence checked on each, load on all at once).")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Writes OUT/report.json, OUT/report.md and PNG plots.")
@@ -834,7 +878,7 @@ def bench(url, concurrency, prompt_source, num_prompts, requests, duration, warm
               help="Seconds to wait for the server and models to be ready.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict and gates as JSON.")
 @handle_errors
-def validate(url, config, out_dir, spec_model, baseline_model, tokenizer, ready_timeout, as_json):
+def validate(urls, config, out_dir, spec_model, baseline_model, tokenizer, ready_timeout, as_json):
     """Validate a served deployment against its recipe's gates; exit 0 = deploy speculative, 1 = keep baseline.
 
     Greedy output equivalence per prompt (first divergence, edit distance; tolerance from
@@ -849,7 +893,8 @@ def validate(url, config, out_dir, spec_model, baseline_model, tokenizer, ready_
     recipe = load_recipe(config)
     prog, update = _progress()
     with prog:
-        result = run_validation(url, recipe, tokenizer=tokenizer or True, speculative_model=spec_model,
+        result = run_validation(urls[0] if len(urls) == 1 else urls, recipe, tokenizer=tokenizer or True,
+                                speculative_model=spec_model,
                                 baseline_model=baseline_model, progress=update, ready_timeout_s=ready_timeout)
     write_validation_report(result, out_dir, max_draft_len=recipe.max_draft_len or None,
                             min_speedup=recipe.validation.gates.min_speedup)
@@ -864,6 +909,9 @@ def validate(url, config, out_dir, spec_model, baseline_model, tokenizer, ready_
         for g in v.gates:
             table.add_row(g.name, "[green]pass[/]" if g.passed else "[bold red]FAIL[/]", g.detail)
         out.print(table)
+        if len(result.replicas) > 1:
+            out.print(_replica_table(result.bench.to_dict(with_records=False),
+                                     {url: eq for url, (eq, _) in result.replicas.items()}))
         style = "bold green" if v.deploy_speculative else "bold red"
         out.print(f"verdict: [{style}]{v.decision}[/]  (report: {os.path.join(out_dir, 'report.md')})")
     sys.exit(result.exit_code)

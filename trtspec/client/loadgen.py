@@ -7,6 +7,15 @@ each keep one request in flight (a closed loop, as GenAI-Perf's ``--concurrency`
 first ``c − 1`` requests are not measured, so measured requests see a settled loop rather than
 ``c`` prefills queued at once. The two models never run at the same time, so neither steals the
 other's compute.
+
+Several servers (replicas of one deployment): every block runs on all of them at once, ``c``
+requests in flight on each; each replica is summarized alone and all together (throughput over
+the blocks' common wall time, latency distributions pooled).
+
+Faults: a request that fails is recorded as an error with the output that arrived before it;
+a server that turns requests away (queue full) is load, not an outage. A server that goes away
+(connection lost or refused after retries) ends the run: the result keeps every request so far
+and says where it stopped (``interrupted``), so a report is still written.
 """
 
 from __future__ import annotations
@@ -18,8 +27,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMClient
-from trtspec.client.errors import ServerRequestError, ServerUnavailable
-from trtspec.client.metrics import RequestRecord, Window, bucket_speedups, by_bucket, speedups, summarize
+from trtspec.client.errors import ServerBusy, ServerRequestError, ServerUnavailable
+from trtspec.client.metrics import RequestRecord, Window, bucket_speedups, by_bucket, span, speedups, summarize
 from trtspec.client.types import Sampling
 from trtspec.errors import ConfigError
 
@@ -122,22 +131,29 @@ class LevelResult:
     concurrency: int
     windows: list[Window]
 
-    def records(self, role: str) -> list[RequestRecord]:
-        return [r for w in self.windows if w.role == role for r in w.requests]
+    def _windows(self, role: str, replica: str | None) -> list[Window]:
+        return [w for w in self.windows if w.role == role and replica in (None, w.replica)]
 
-    def settling(self, role: str) -> list[RequestRecord]:
-        return [r for w in self.windows if w.role == role for r in w.settling]
+    def records(self, role: str, replica: str | None = None) -> list[RequestRecord]:
+        return [r for w in self._windows(role, replica) for r in w.requests]
 
-    def duration(self, role: str) -> float:
-        return sum(w.duration_s for w in self.windows if w.role == role)
+    def settling(self, role: str, replica: str | None = None) -> list[RequestRecord]:
+        return [r for w in self._windows(role, replica) for r in w.settling]
 
-    def summary(self, role: str) -> dict:
-        return summarize(self.records(role), self.duration(role), self.settling(role))
+    def duration(self, role: str, replica: str | None = None) -> float:
+        """Σ over blocks of the block's span; a block's replicas ran at the same time."""
+        blocks: dict[int, list[Window]] = {}
+        for w in self._windows(role, replica):
+            blocks.setdefault(w.block, []).append(w)
+        return sum(span(ws) for ws in blocks.values())
+
+    def summary(self, role: str, replica: str | None = None) -> dict:
+        return summarize(self.records(role, replica), self.duration(role, replica), self.settling(role, replica))
 
 
 @dataclass
 class BenchResult:
-    url: str
+    url: str  # the server; several replicas: their URLs joined by commas
     settings: BenchSettings
     prompt_source: str
     prompts: list[PromptItem]
@@ -145,6 +161,8 @@ class BenchResult:
     started: str
     wall_s: float
     extra: dict = field(default_factory=dict)
+    urls: tuple[str, ...] = ()  # every replica (one for a single server)
+    interrupted: dict | None = None  # where the run stopped because a server went away
 
     @property
     def roles(self) -> list[str]:
@@ -154,28 +172,50 @@ class BenchResult:
     def has_baseline(self) -> bool:
         return "baseline" in self.settings.roles
 
+    @property
+    def replicas(self) -> list[str]:
+        return list(self.urls) or [self.url]
+
     def level(self, concurrency: int) -> LevelResult | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
 
-    def records(self, role: str | None = None) -> list[RequestRecord]:
-        return [r for lv in self.levels for w in lv.windows if role in (None, w.role) for r in w.requests]
+    def records(self, role: str | None = None, replica: str | None = None) -> list[RequestRecord]:
+        return [r for lv in self.levels for w in lv.windows
+                if role in (None, w.role) and replica in (None, w.replica) for r in w.requests]
 
-    def speedup(self, concurrency: int, metric: str = "output_token_throughput") -> float | None:
+    def speedup(self, concurrency: int, metric: str = "output_token_throughput",
+                replica: str | None = None) -> float | None:
         lv = self.level(concurrency)
         if lv is None or not self.has_baseline:
             return None
-        return speedups(lv.summary("speculative"), lv.summary("baseline"))[metric]
+        return speedups(lv.summary("speculative", replica), lv.summary("baseline", replica))[metric]
+
+    def outcome(self) -> dict:
+        """Every request sent (warm-up excluded): completed, failed (with output or without), turned
+        away by a busy server."""
+        rs = [r for lv in self.levels for w in lv.windows for r in w.requests + w.settling]
+        failed = [r for r in rs if not r.ok]
+        return {"sent": len(rs), "completed": len(rs) - len(failed), "failed": len(failed),
+                "failed_with_partial_output": sum(1 for r in failed if r.chunk_t),
+                "busy": sum(1 for r in failed if (r.error or "").startswith(BUSY_PREFIX))}
+
+    def _level_dict(self, lv: LevelResult, replica: str | None) -> dict:
+        d: dict = {"concurrency": lv.concurrency, "models": {}}
+        for role in self.roles:
+            d["models"][role] = lv.summary(role, replica)
+        if self.has_baseline:
+            d["speedup"] = speedups(d["models"]["speculative"], d["models"]["baseline"])
+        return d
 
     def to_dict(self, *, with_records: bool = True) -> dict:
+        multi = len(self.replicas) > 1
         levels = []
         for lv in self.levels:
-            d: dict = {"concurrency": lv.concurrency, "models": {}}
-            for role in self.roles:
-                d["models"][role] = lv.summary(role)
-            if self.has_baseline:
-                d["speedup"] = speedups(d["models"]["speculative"], d["models"]["baseline"])
+            d = self._level_dict(lv, None)
             for key in ("prompt_len", "output_len"):
                 d[f"by_{key}"] = {role: by_bucket(lv.records(role), key) for role in self.roles}
+            if multi:  # the totals above; each replica alone here
+                d["replicas"] = {url: self._level_dict(lv, url) for url in self.replicas}
             levels.append(d)
         pooled = {f"by_{key}": {role: by_bucket(self.records(role), key) for role in self.roles}
                   for key in ("prompt_len", "output_len")}
@@ -195,25 +235,42 @@ class BenchResult:
                         "length_unit": units[0] if len(units) == 1 else units},
             "levels": levels,
             "all_levels": pooled,
+            "outcome": self.outcome(),
             **self.extra,
         }
+        if multi:
+            out["urls"] = self.replicas
+        if self.interrupted is not None:
+            out["interrupted"] = self.interrupted
         if with_records:
             out["records"] = [r.to_dict() for r in self.records()]
         return out
 
 
+BUSY_PREFIX = "busy: "
+
+
+class BenchInterrupted(Exception):
+    """A server went away during a block: the windows run so far, and the error."""
+
+    def __init__(self, windows: list[Window], error: ServerRequestError):
+        self.windows, self.error = windows, error
+
+
 async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str, concurrency: int,
                      plan: list[tuple[int, PromptItem, int]], on_done: Callable[[], None] | None,
-                     settle: int = 0) -> Window:
+                     settle: int = 0, block: int = 0) -> Window:
     """Run ``plan`` [(request index, prompt, max_tokens)] on one model with ``concurrency`` in flight.
 
     The first ``settle`` requests are sent but their latencies are not measured: a closed loop
     starts with all its workers in lockstep (every first prefill queued at once); perf_analyzer
     measures after its warm-up has desynchronised the loop. Their tokens still count towards
-    the window's throughput."""
+    the window's throughput. Raises :class:`BenchInterrupted` when the server went away."""
     model = settings.roles[role]
     queue = list(reversed([(True, x) for x in plan[:settle]] + [(False, x) for x in plan]))
-    window = Window(role=role, concurrency=concurrency, start=time.perf_counter(), end=0.0)
+    window = Window(role=role, concurrency=concurrency, start=time.perf_counter(), end=0.0, replica=client.url,
+                    block=block)
+    lost: list[ServerRequestError] = []
 
     async def worker():
         while queue:
@@ -225,12 +282,17 @@ async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str,
                                             timeout_s=settings.timeout_s)
                 plen, unit = (res.prompt_tokens, "tokens") if res.prompt_tokens is not None else (item.length, item.unit)
                 rec = RequestRecord.from_result(res, role=role, concurrency=concurrency, prompt_index=item.index,
-                                                max_tokens=max_tokens, prompt_len=plen, prompt_len_unit=unit)
-            except ServerUnavailable:
-                raise  # the server is gone: measuring on would only record failures
+                                                max_tokens=max_tokens, prompt_len=plen, prompt_len_unit=unit,
+                                                replica=client.url)
             except ServerRequestError as e:
+                busy = isinstance(e, ServerBusy)
+                if isinstance(e, ServerUnavailable) and not busy:
+                    lost.append(e)  # the server is gone: measuring on would only record failures
+                    queue.clear()
                 rec = RequestRecord.failed(role=role, model=model, concurrency=concurrency, prompt_index=item.index,
-                                           max_tokens=max_tokens, start=start, error=str(e).splitlines()[0])
+                                           max_tokens=max_tokens, start=start, partial=e.partial,
+                                           error=(BUSY_PREFIX if busy else "") + str(e).splitlines()[0],
+                                           replica=client.url)
             if settling:
                 window.settling.append(rec)
                 continue
@@ -247,19 +309,50 @@ async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str,
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
     window.end = time.perf_counter()
+    if lost:
+        window.interrupted = str(lost[0]).splitlines()[0]
+        raise BenchInterrupted([window], lost[0])
     return window
 
 
-async def bench_async(client: AsyncLLMClient, prompts: list[PromptItem], settings: BenchSettings, *,
-                      prompt_source: str = "", progress: Progress | None = None) -> BenchResult:
-    """Warm up, then sweep ``settings.concurrency``; see the module docstring for the interleaving."""
+async def _run_replicas(clients: list[AsyncLLMClient], settings: BenchSettings, role: str, concurrency: int,
+                        plan: list[tuple[int, PromptItem, int]], on_done, settle: int, block: int) -> list[Window]:
+    """The same block on every replica at once."""
+    outs = await asyncio.gather(*[_run_block(c, settings, role, concurrency, plan, on_done, settle, block)
+                                  for c in clients], return_exceptions=True)
+    windows, errors = [], []
+    for o in outs:
+        if isinstance(o, BenchInterrupted):
+            windows += o.windows
+            errors.append(o.error)
+        elif isinstance(o, BaseException):
+            raise o
+        else:
+            windows.append(o)
+    if errors:
+        raise BenchInterrupted(windows, errors[0])
+    return windows
+
+
+async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts: list[PromptItem],
+                      settings: BenchSettings, *, prompt_source: str = "",
+                      progress: Progress | None = None) -> BenchResult:
+    """Warm up, then sweep ``settings.concurrency``; see the module docstring for the interleaving.
+    ``client``: one server, or one client per replica."""
+    clients = [client] if isinstance(client, AsyncLLMClient) else list(client)
+    if not clients:
+        raise ConfigError("url", [], "no server to benchmark", fix="pass --url HOST:PORT")
+    urls = tuple(c.url for c in clients)
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     roles = list(settings.roles)
-    for model in settings.roles.values():
-        await client.model_info(model)  # an unknown model fails here, before any load
+    for c in clients:
+        for model in settings.roles.values():
+            await c.model_info(model)  # an unknown model fails here, before any load
     per_level = settings.requests
-    total = (settings.warmup * len(roles) + per_level * len(roles) * len(settings.concurrency)) if per_level else None
+    n = len(clients)
+    total = (n * (settings.warmup * len(roles) + per_level * len(roles) * len(settings.concurrency))
+             if per_level else None)
     done = [0]
     label = ["warm-up"]
 
@@ -268,56 +361,82 @@ async def bench_async(client: AsyncLLMClient, prompts: list[PromptItem], setting
         if progress:
             progress(done[0], total, label[0])
 
-    def plan(start: int, n: int) -> list[tuple[int, PromptItem, int]]:
+    def plan(start: int, count: int) -> list[tuple[int, PromptItem, int]]:
         return [(i, prompts[i % len(prompts)], settings.output_lens[i % len(settings.output_lens)])
-                for i in range(start, start + n)]
+                for i in range(start, start + count)]
+
+    def result(levels: list[LevelResult], interrupted: dict | None = None) -> BenchResult:
+        return BenchResult(url=",".join(urls), settings=settings, prompt_source=prompt_source, prompts=prompts,
+                           levels=levels, started=started, wall_s=time.perf_counter() - t0, urls=urls,
+                           interrupted=interrupted)
 
     if progress:
         progress(0, total, label[0])
-    for role in roles:
-        if settings.warmup:
-            await _run_block(client, settings, role, min(settings.concurrency), plan(0, settings.warmup), tick)
-
-    levels, block_no = [], 0
-    for c in settings.concurrency:
-        block = settings.block or max(8, 4 * c)
-        windows: list[Window] = []
-        i = 0
-        while True:
-            n = min(block, per_level - i) if per_level else block
-            order = roles if block_no % 2 == 0 else roles[::-1]
-            for role in order:
-                label[0] = f"c={c} {role}"
-                # c − 1 unmeasured requests first, so measured ones see a settled loop
-                windows.append(await _run_block(client, settings, role, c, plan(i, n), tick, settle=c - 1))
-            i += n
-            block_no += 1
-            if per_level and i >= per_level:
-                break
-            if settings.duration_s is not None:
-                spent = min(sum(w.duration_s for w in windows if w.role == r) for r in roles)
-                if spent >= settings.duration_s:
-                    break
-        lv = LevelResult(c, windows)
+    levels: list[LevelResult] = []
+    c = min(settings.concurrency)
+    try:
         for role in roles:
-            if not any(r.ok for r in lv.records(role)):
-                first = next((r.error for r in lv.records(role) if r.error), "no output")
-                from trtspec.client.errors import InferenceFailed
+            if settings.warmup:
+                await _run_replicas(clients, settings, role, c, plan(0, settings.warmup), tick, 0, -1)
+        block_no = 0
+        for c in settings.concurrency:
+            block = settings.block or max(8, 4 * c)
+            lv = LevelResult(c, [])
+            levels.append(lv)
+            i = 0
+            while True:
+                count = min(block, per_level - i) if per_level else block
+                order = roles if block_no % 2 == 0 else roles[::-1]
+                for role in order:
+                    label[0] = f"c={c} {role}"
+                    # c − 1 unmeasured requests first, so measured ones see a settled loop
+                    try:
+                        lv.windows += await _run_replicas(clients, settings, role, c, plan(i, count), tick,
+                                                          c - 1, block_no)
+                    except BenchInterrupted as e:
+                        lv.windows += e.windows
+                        raise
+                i += count
+                block_no += 1
+                if per_level and i >= per_level:
+                    break
+                if settings.duration_s is not None:
+                    spent = min(lv.duration(r) for r in roles)
+                    if spent >= settings.duration_s:
+                        break
+            for role in roles:
+                if not any(r.ok for r in lv.records(role)):
+                    first = next((r.error for r in lv.records(role) if r.error), "no output")
+                    from trtspec.client.errors import InferenceFailed
 
-                raise InferenceFailed(f"every request failed at concurrency {c}: {first}", url=client.url,
-                                      model=settings.roles[role], fix="see the tritonserver log")
-        levels.append(lv)
-    return BenchResult(url=client.url, settings=settings, prompt_source=prompt_source, prompts=prompts,
-                       levels=levels, started=started, wall_s=time.perf_counter() - t0)
+                    raise InferenceFailed(f"every request failed at concurrency {c}: {first}", url=",".join(urls),
+                                          model=settings.roles[role], fix="see the tritonserver log")
+    except BenchInterrupted as e:
+        where = next((w for w in e.windows if w.interrupted), None)
+        return result([lv for lv in levels if lv.windows], {
+            "error": str(e.error).splitlines()[0], "fix": e.error.fix, "concurrency": c,
+            "phase": label[0], "replica": where.replica if where else e.error.url})
+    return result(levels)
 
 
-def run_bench(url: str, prompts: Sequence[str], settings: BenchSettings, *, tokenizer=None,
+def run_bench(url: str | Sequence[str], prompts: Sequence[str], settings: BenchSettings, *, tokenizer=None,
               prompt_source: str = "", progress: Progress | None = None, ready_timeout_s: float = 30.0) -> BenchResult:
-    """Blocking entry point (CLI, ``trtspec run``): wait for the server, shape prompts, run the sweep."""
+    """Blocking entry point (CLI, ``trtspec run``): wait for the server(s), shape prompts, run the sweep.
+
+    ``url``: one server, or several replicas (each loaded at every concurrency level)."""
+    urls = [url] if isinstance(url, str) else list(url)
+
     async def main():
-        async with AsyncLLMClient(url, tokenizer=tokenizer, timeout_s=settings.timeout_s) as client:
-            await client.wait_ready(list(settings.roles.values()), timeout_s=ready_timeout_s)
-            items = shape_prompts(prompts, settings.prompt_lens, client.tokenizer)
-            return await bench_async(client, items, settings, prompt_source=prompt_source, progress=progress)
+        clients = [AsyncLLMClient(urls[0], tokenizer=tokenizer, timeout_s=settings.timeout_s)]
+        clients += [AsyncLLMClient(u, tokenizer=clients[0].tokenizer, timeout_s=settings.timeout_s) for u in urls[1:]]
+        try:
+            for c in clients:
+                await c.wait_ready(list(settings.roles.values()), timeout_s=ready_timeout_s)
+            items = shape_prompts(prompts, settings.prompt_lens, clients[0].tokenizer)
+            return await bench_async(clients if len(clients) > 1 else clients[0], items, settings,
+                                     prompt_source=prompt_source, progress=progress)
+        finally:
+            for c in clients:
+                await c.close()
 
     return asyncio.run(main())

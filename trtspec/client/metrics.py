@@ -53,23 +53,33 @@ class RequestRecord:
     server_acceptance_length: float | None = None
     served_by: str | None = None
     error: str | None = None
+    replica: str | None = None  # the server's URL
 
     @classmethod
     def from_result(cls, res: GenerationResult, *, role: str, concurrency: int, prompt_index: int,
-                    max_tokens: int, prompt_len: int | None, prompt_len_unit: str) -> "RequestRecord":
+                    max_tokens: int, prompt_len: int | None, prompt_len_unit: str,
+                    replica: str | None = None) -> "RequestRecord":
         counts = [c.num_tokens if c.num_tokens is not None else 1 for c in res.chunks]
         return cls(
             role=role, model=res.model, concurrency=concurrency, prompt_index=prompt_index,
             max_tokens=max_tokens, start=res.sent_at, chunk_t=[c.t_s for c in res.chunks], chunk_tokens=counts,
             prompt_len=prompt_len, prompt_len_unit=prompt_len_unit, accepted=res.accepted_draft_tokens,
             drafted=res.draft_tokens, server_acceptance_length=res.acceptance_length, served_by=res.served_by,
+            replica=replica,
         )
 
     @classmethod
     def failed(cls, *, role: str, model: str, concurrency: int, prompt_index: int, max_tokens: int,
-               start: float, error: str) -> "RequestRecord":
+               start: float, error: str, partial: GenerationResult | None = None,
+               replica: str | None = None) -> "RequestRecord":
+        """A request that failed; ``partial`` keeps the output that arrived before the failure
+        (its chunks are recorded; the record still counts as an error)."""
+        chunks = partial.chunks if partial is not None else []
         return cls(role=role, model=model, concurrency=concurrency, prompt_index=prompt_index,
-                   max_tokens=max_tokens, start=start, chunk_t=[], chunk_tokens=[], error=error)
+                   max_tokens=max_tokens, start=partial.sent_at if partial is not None else start,
+                   chunk_t=[c.t_s for c in chunks],
+                   chunk_tokens=[c.num_tokens if c.num_tokens is not None else 1 for c in chunks],
+                   error=error, replica=replica)
 
     @property
     def ok(self) -> bool:
@@ -277,11 +287,19 @@ class Window:
     end: float
     requests: list[RequestRecord] = field(default_factory=list)
     settling: list[RequestRecord] = field(default_factory=list)  # ran in the loop, latencies not measured
+    replica: str | None = None  # the server's URL
+    block: int = 0  # windows of one block ran at the same time, one per replica
+    interrupted: str | None = None  # the server went away during this window: the error
 
     @property
     def duration_s(self) -> float:
-        ok = [r for r in self.requests + self.settling if r.ok]
-        if not ok:
-            return 0.0
-        # GenAI-Perf's benchmark duration: first request sent → last response carrying output
-        return max(r.end for r in ok) - min(r.start for r in ok)
+        return span([self])
+
+
+def span(windows: list[Window]) -> float:
+    """GenAI-Perf's benchmark duration of windows that ran at the same time: first request sent →
+    last response carrying output, over their successful requests."""
+    ok = [r for w in windows for r in w.requests + w.settling if r.ok]
+    if not ok:
+        return 0.0
+    return max(r.end for r in ok) - min(r.start for r in ok)

@@ -80,6 +80,21 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
         f"- load: concurrency {', '.join(map(str, s['concurrency']))}; {load}; {s['warmup']} warm-up requests per model; "
         "baseline and speculative interleaved in alternating blocks on the same prompts",
         f"- started {d['started']}, wall time {d['wall_s']:.1f} s",
+    ]
+    if d.get("urls"):
+        lines.append(f"- {len(d['urls'])} replicas ({', '.join(f'`{u}`' for u in d['urls'])}), loaded at the same "
+                     "time with the concurrency below on each; tables show all replicas together (throughput "
+                     "summed over the common wall time, latencies pooled), then each replica")
+    o = d.get("outcome")
+    if o:
+        lines.append(f"- requests: {o['sent']} sent, {o['completed']} completed, {o['failed']} failed "
+                     f"({o['failed_with_partial_output']} after partial output, {o['busy']} turned away busy)")
+    if d.get("interrupted"):
+        i = d["interrupted"]
+        lines += ["", f"**Interrupted**: a server went away at concurrency {i['concurrency']} ({i['phase']}, "
+                      f"`{i['replica']}`): {i['error']}. Everything measured before is below; the levels after it "
+                      "did not run."]
+    lines += [
         "",
         "## Summary by concurrency",
         "",
@@ -97,6 +112,21 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
                 f"{_ms(m['request_latency_s'])} / {_ms(m['request_latency_s'], 'p95')} / {_ms(m['request_latency_s'], 'p99')} | "
                 f"{_num(m['output_tps_per_user'].get('p50'), '{:.1f}')} | {_num(a['acceptance_length'])} | "
                 f"{_num(a['acceptance_length_from_chunks'])} | {_num(a['acceptance_rate'], '{:.3f}')} | {m['errors']} |")
+    if d.get("urls"):
+        lines += ["", "## Each replica", "",
+                  "| concurrency | replica | model | req/s | output tok/s | TTFT p50 ms | latency p50 / p95 ms | "
+                  "errors | speedup tok/s |",
+                  "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+        for lv in d["levels"]:
+            for url, rep in lv.get("replicas", {}).items():
+                for role in roles:
+                    m = rep["models"][role]
+                    sp = rep.get("speedup", {}).get("output_token_throughput") if role == "speculative" else None
+                    lines.append(
+                        f"| {lv['concurrency']} | `{url}` | {role} | {_num(m['request_throughput'])} | "
+                        f"{_num(m['output_token_throughput'], '{:.1f}')} | {_ms(m['ttft_s'])} | "
+                        f"{_ms(m['request_latency_s'])} / {_ms(m['request_latency_s'], 'p95')} | {m['errors']} | "
+                        f"{_x(sp) if role == 'speculative' and 'baseline' in roles else ''} |")
     if "baseline" in roles:
         lines += ["", "## Speedup: speculative vs baseline (> 1 = speculative better)", "",
                   "| concurrency | output tok/s | req/s | tok/s per user p50 | latency p50 | latency p95 | ITL p50 | TTFT p50 |",
@@ -212,6 +242,16 @@ def write_validation_report(result, out: str | os.PathLike, *, max_draft_len: in
         status = "identical" if p.exact else ("pass (within tolerance)" if p.passed else "**differs**")
         lines.append(f"| {p.index} | {status} | {'–' if p.first_divergence is None else p.first_divergence} | "
                      f"{p.edit_distance} | {len(p.baseline)} / {len(p.speculative)} | {around} |")
+    if len(result.replicas) > 1:
+        lines += ["", "### Each replica", "",
+                  "The gates judge the worst replica (the per-prompt table above is its own).", "",
+                  "| replica | exact matches | mismatch rate | earliest divergence | sampled check | speedup |",
+                  "|---|---:|---:|---:|---|---:|"]
+        for url, rep in d["replicas"].items():
+            e, sa = rep["equivalence"], rep["sampled"]
+            lines.append(f"| `{url}` | {e['exact_matches']}/{e['prompts_compared']} | {e['mismatch_rate']:.1%} | "
+                         f"{'–' if e['earliest_divergence'] is None else e['earliest_divergence']} | "
+                         f"{'–' if sa is None else ('pass' if sa['passed'] else '**FAIL**')} | {_x(rep['speedup'])} |")
     lines += ["", "![Greedy equivalence per prompt](equivalence.png)", "", "## Sampled distribution check", ""]
     if result.sampled_note:
         lines.append(f"_{result.sampled_note}_")

@@ -2,6 +2,11 @@
 
 Called by the CLI and by ``trtspec run`` (with the server it started). Returns a typed
 :class:`ValidationResult`; writing the report is :func:`trtspec.validate.report.write_validation_report`.
+
+Several servers (replicas of one deployment): equivalence and the sampled check run on each
+replica (every replica must serve the same outputs); the load runs on all at once. The gates
+judge the worst replica's equivalence and sampled check and the speedup of all replicas
+together.
 """
 
 from __future__ import annotations
@@ -10,10 +15,11 @@ import asyncio
 import datetime as _dt
 import os
 import time
-from dataclasses import dataclass
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMClient
+from trtspec.client.errors import ServerUnavailable
 from trtspec.client.loadgen import BenchResult, BenchSettings, bench_async, shape_prompts
 from trtspec.client.metrics import acceptance_summary
 from trtspec.client.types import Sampling
@@ -44,6 +50,9 @@ class ValidationResult:
     verdict: Verdict
     started: str
     wall_s: float
+    # several replicas: {url: (equivalence, sampled)}; ``equivalence``/``sampled`` above are the
+    # worst replica's (what the gates judge)
+    replicas: dict[str, tuple[EquivalenceResult, SampledResult | None]] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -51,7 +60,7 @@ class ValidationResult:
         return 0 if self.verdict.deploy_speculative else 1
 
     def to_dict(self, *, with_records: bool = True) -> dict:
-        return {
+        out = {
             "kind": "validate",
             "recipe": self.recipe,
             "url": self.url,
@@ -66,6 +75,12 @@ class ValidationResult:
             "sampled_note": self.sampled_note,
             "bench": self.bench.to_dict(with_records=with_records),
         }
+        if len(self.replicas) > 1:
+            out["urls"] = list(self.replicas)
+            out["replicas"] = {url: {"equivalence": eq.to_dict(), "sampled": sa.to_dict() if sa else None,
+                                     "speedup": self.bench.speedup(self.at_concurrency, replica=url)}
+                               for url, (eq, sa) in self.replicas.items()}
+        return out
 
 
 def default_tokenizer(recipe) -> str | None:
@@ -88,17 +103,31 @@ def acceptance_from(records, max_draft_len: int | None) -> dict:
     return acc
 
 
-async def validate_async(client: AsyncLLMClient, recipe, *, speculative_model: str = SPECULATIVE_MODEL,
-                         baseline_model: str = BASELINE_MODEL, progress: Progress | None = None) -> ValidationResult:
+def _worst(replicas: dict[str, tuple[EquivalenceResult, SampledResult | None]]):
+    """The replica the gates judge: most mismatches (then fewest exact matches), and the sampled
+    check that failed or came closest to failing."""
+    eq = max((e for e, _ in replicas.values()), key=lambda e: (e.mismatch_rate, -e.exact_match_rate))
+    sampled = [s for _, s in replicas.values() if s is not None]
+    worst = min(sampled, key=lambda s: (s.passed, s.min_p_value if s.min_p_value is not None else -1.0),
+                default=None)
+    return eq, worst
+
+
+async def validate_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], recipe, *,
+                         speculative_model: str = SPECULATIVE_MODEL, baseline_model: str = BASELINE_MODEL,
+                         progress: Progress | None = None) -> ValidationResult:
     from trtspec.prompts import load_prompts
 
+    clients = [client] if isinstance(client, AsyncLLMClient) else list(client)
     v = recipe.validation
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     prompts = load_prompts(v.prompts, v.num_prompts)
-    for m in (speculative_model, baseline_model):
-        await client.model_info(m)
+    for c in clients:
+        for m in (speculative_model, baseline_model):
+            await c.model_info(m)
     levels = tuple(sorted(set(v.concurrency) | {v.gates.at_concurrency}))
+    n = len(clients)
 
     def phase(label: str, total: int | None):
         done = [0]
@@ -112,14 +141,16 @@ async def validate_async(client: AsyncLLMClient, recipe, *, speculative_model: s
         return tick
 
     # 1. greedy equivalence, at the highest concurrency: batched verification is where
-    #    numerics can shift a greedy argmax, so that is where to look
-    eq = await greedy_equivalence(
-        client, prompts, max_tokens=v.max_tokens, tolerance=v.equivalence_tolerance,
+    #    numerics can shift a greedy argmax, so that is where to look; every replica on its own
+    tick = phase("greedy equivalence", 2 * len(prompts) * n)
+    eqs = await asyncio.gather(*[greedy_equivalence(
+        c, prompts, max_tokens=v.max_tokens, tolerance=v.equivalence_tolerance,
         speculative_model=speculative_model, baseline_model=baseline_model, concurrency=max(levels),
-        on_done=phase("greedy equivalence", 2 * len(prompts)))
+        on_done=tick) for c in clients])
 
-    # 2. sampled distribution check
-    sampled, note = None, None
+    # 2. sampled distribution check, on every replica
+    sampled_each: list[SampledResult | None] = [None] * n
+    note = None
     if v.sampled_check_samples > 0:
         s = v.sampling
         base = Sampling.from_recipe(s, SAMPLED_LENGTH)
@@ -129,20 +160,28 @@ async def validate_async(client: AsyncLLMClient, recipe, *, speculative_model: s
             note = (f"validation.sampling is greedy; the distribution check samples at temperature "
                     f"{SAMPLED_TEMPERATURE}, top_k {base.top_k} to exercise the sampled verifier")
         sp = prompts[:SAMPLED_PROMPTS]
-        sampled = await sampled_check(
-            client, sp, base, samples=v.sampled_check_samples, speculative_model=speculative_model,
+        tick = phase("sampled check", 2 * len(sp) * v.sampled_check_samples * n)
+        sampled_each = list(await asyncio.gather(*[sampled_check(
+            c, sp, base, samples=v.sampled_check_samples, speculative_model=speculative_model,
             baseline_model=baseline_model, length=SAMPLED_LENGTH, alpha=SAMPLED_ALPHA, concurrency=max(levels),
-            seed=s.seed, on_done=phase("sampled check", 2 * len(sp) * v.sampled_check_samples))
+            seed=s.seed, on_done=tick) for c in clients]))
     else:
         note = "not run (validation.sampled_check_samples is 0)"
+    replicas = {c.url: (e, sa) for c, e, sa in zip(clients, eqs, sampled_each)}
+    eq, sampled = _worst(replicas)
 
     # 3. latency and acceptance under load, both models interleaved on the same prompts
     settings = BenchSettings(
         concurrency=levels, requests=v.requests_per_level, warmup=v.warmup_requests,
         output_lens=(v.max_tokens,), sampling=Sampling.from_recipe(v.sampling, v.max_tokens),
         speculative_model=speculative_model, baseline_model=baseline_model)
-    items = shape_prompts(prompts, None, client.tokenizer)
-    bench = await bench_async(client, items, settings, prompt_source=v.prompts, progress=progress)
+    items = shape_prompts(prompts, None, clients[0].tokenizer)
+    bench = await bench_async(clients if n > 1 else clients[0], items, settings, prompt_source=v.prompts,
+                              progress=progress)
+    if bench.interrupted is not None:
+        i = bench.interrupted
+        raise ServerUnavailable(f"the load phase stopped at concurrency {i['concurrency']}: {i['error']}",
+                                url=i.get("replica"), fix=i.get("fix") or "check the tritonserver log")
 
     acceptance = acceptance_from(bench.records("speculative"), recipe.max_draft_len or None)
     speedup = bench.speedup(v.gates.at_concurrency)
@@ -151,22 +190,32 @@ async def validate_async(client: AsyncLLMClient, recipe, *, speculative_model: s
                        acceptance_rate=acceptance["gate_value"], acceptance_source=acceptance["source"],
                        sampled=sampled)
     return ValidationResult(
-        recipe=recipe.name, url=client.url, models={"speculative": speculative_model, "baseline": baseline_model},
+        recipe=recipe.name, url=bench.url, models={"speculative": speculative_model, "baseline": baseline_model},
         equivalence=eq, sampled=sampled, sampled_note=note, bench=bench, acceptance=acceptance, speedup=speedup,
-        at_concurrency=v.gates.at_concurrency, verdict=verdict, started=started, wall_s=time.perf_counter() - t0)
+        at_concurrency=v.gates.at_concurrency, verdict=verdict, started=started, wall_s=time.perf_counter() - t0,
+        replicas=replicas if n > 1 else {})
 
 
-def run_validation(url: str, recipe, *, tokenizer: str | None | bool = True, speculative_model: str = SPECULATIVE_MODEL,
-                   baseline_model: str = BASELINE_MODEL, progress: Progress | None = None,
-                   ready_timeout_s: float = 30.0) -> ValidationResult:
-    """Blocking entry point. ``tokenizer=True`` uses the recipe target's tokenizer when present
-    (prompt lengths in tokens); ``False``/``None`` uses none; a string is a folder."""
+def run_validation(url: str | Sequence[str], recipe, *, tokenizer: str | None | bool = True,
+                   speculative_model: str = SPECULATIVE_MODEL, baseline_model: str = BASELINE_MODEL,
+                   progress: Progress | None = None, ready_timeout_s: float = 30.0) -> ValidationResult:
+    """Blocking entry point. ``url``: one server or several replicas. ``tokenizer=True`` uses the
+    recipe target's tokenizer when present (prompt lengths in tokens); ``False``/``None`` uses
+    none; a string is a folder."""
     tok = default_tokenizer(recipe) if tokenizer is True else (tokenizer or None)
+    urls = [url] if isinstance(url, str) else list(url)
 
     async def main():
-        async with AsyncLLMClient(url, tokenizer=tok) as client:
-            await client.wait_ready([speculative_model, baseline_model], timeout_s=ready_timeout_s)
-            return await validate_async(client, recipe, speculative_model=speculative_model,
-                                        baseline_model=baseline_model, progress=progress)
+        clients = [AsyncLLMClient(urls[0], tokenizer=tok)]
+        clients += [AsyncLLMClient(u, tokenizer=clients[0].tokenizer) for u in urls[1:]]
+        try:
+            for c in clients:
+                await c.wait_ready([speculative_model, baseline_model], timeout_s=ready_timeout_s)
+            return await validate_async(clients if len(clients) > 1 else clients[0], recipe,
+                                        speculative_model=speculative_model, baseline_model=baseline_model,
+                                        progress=progress)
+        finally:
+            for c in clients:
+                await c.close()
 
     return asyncio.run(main())
