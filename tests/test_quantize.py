@@ -28,7 +28,7 @@ from trtspec.quantize import (
     quantize_spec,
 )
 
-FAST = QualitySettings(eval_windows=2, eval_seq_len=64, prompts=2, prompt_tokens=24, max_new_tokens=12)
+FAST = QualitySettings(eval_windows=2, eval_seq_len=64, prompts=2, prompt_tokens=24, max_new_tokens=8)
 KV = {"fp8": "fp8", "int8_sq": "int8"}  # exercise both KV-cache formats on the way
 ACTIVATIONS = {"fp8", "int8_sq", "w4a8_awq", "nvfp4"}  # formats that also quantize activations
 
@@ -113,20 +113,27 @@ def test_format_quantizes_and_torch_export_restores(fmt, quantized_target, tiny_
 
 @pytest.mark.parametrize("fmt", list(FORMATS))
 def test_quantized_target_speculative_greedy_equals_plain(fmt, quantized_target, tiny_models):
+    """The export served by the torch runtime: loaded through ``load_model`` (manifest dispatch),
+    plain greedy (Engine without proposer) == speculative greedy (Engine + DraftModelProposer)."""
     from transformers import AutoTokenizer
 
     from trtspec.prompts import stdlib_snippets
-    from trtspec.speculative.runtime import RuntimeSpec, build_engine
+    from trtspec.speculative.engine import Engine
+    from trtspec.speculative.proposers import DraftModelProposer
+    from trtspec.speculative.runtime import load_model
     from trtspec.speculative.sampling import SamplingParams
 
-    _, draft = tiny_models
+    _, draft_dir = tiny_models
     out = quantized_target(fmt).out_dir
+    target = load_model(str(out), torch.float32, torch.device("cpu"))
+    assert any(type(m).__name__ == "QuantLinear" for m in target.modules())
+    draft = load_model(str(draft_dir), torch.float32, torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(str(out))  # the export carries the tokenizer
     prompts = [tok(p, add_special_tokens=False)["input_ids"][:32] for p in stdlib_snippets(2)]
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
-    common = dict(target=str(out), max_batch_size=2, max_seq_len=96, max_draft_len=4)
-    plain = build_engine(RuntimeSpec(method="none", **common)).generate(prompts, params)
-    spec = build_engine(RuntimeSpec(method="draft_target", draft=str(draft), **common)).generate(prompts, params)
+    params = SamplingParams(max_new_tokens=14, ignore_eos=True)
+    plain = Engine(target, None, max_batch_size=2, max_seq_len=64).generate(prompts, params)
+    spec = Engine(target, DraftModelProposer(draft, 2, 72), max_draft_len=4, max_batch_size=2,
+                  max_seq_len=64).generate(prompts, params)
     assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
     assert sum(g.stats.accepted for g in spec) > 0
 
