@@ -108,9 +108,15 @@ def classify(status: str | None, message: str, *, url: str | None, model: str | 
     if status == "DEADLINE_EXCEEDED" or "deadline exceeded" in low:
         return RequestTimeout(f"request timed out: {msg}", **kw, fix="raise the client timeout or lower max_tokens")
     if status in ("INVALID_ARGUMENT", "UNIMPLEMENTED") or "unexpected inference input" in low \
-            or "unexpected shape" in low or "not found in the model configuration" in low:
+            or "unexpected shape" in low or "not found in the model configuration" in low \
+            or "unexpected datatype" in low or "data-type is" in low or re.search(r"expected \d+ inputs but got \d+", low) \
+            or low.startswith("preprocessing: ") or ", preprocessing: " in low \
+            or "invalid sampling parameters" in low:
+        # stream errors carry no status: Triton's own checks and trtspec's preprocessing (which
+        # checks every request against the deployment's limits) are known by their wording
         return RequestRejected(f"the server rejected the request: {msg}", **kw,
-                               fix="the model's inputs differ from the trtspec/NVIDIA contract (docs/serving.md)")
+                               fix="fix the request as the server's message says; the inputs the ensemble "
+                                   "takes are in docs/serving.md (the trtspec/NVIDIA contract)")
     if status == "UNAVAILABLE":
         return ServerUnavailable(f"the server is unavailable: {msg}", **kw,
                                  fix="it may be overloaded (queue full) or stopping; retry later or lower concurrency")

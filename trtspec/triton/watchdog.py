@@ -11,6 +11,12 @@ two ways:
   entry point (``ensemble``, ``ensemble_baseline``) over HTTP ``/generate``; an answer naming a
   stub that "is not healthy" makes that model unhealthy, any other failure is counted.
 
+A model that calls others over BLS (the router calls the engines) takes them along: when the
+caller's stub dies in the middle of a request, the callee's next response to it blocks the
+callee's sending thread for good (measured: the torch engine stops serving everyone), so the
+callees are reloaded first. Callees are the models a model's config names in its parameters
+(``speculative_model``, ``baseline_model``, ``tensorrt_llm_model_name``, ...).
+
 An unhealthy model is reloaded through explicit model control (the server runs with
 ``--model-control-mode=explicit --load-model=*``). A plain ``load`` of an unchanged model is a
 no-op in 2.51, and an ``unload`` waits for requests stuck on the dead stub, so the watchdog loads
@@ -99,6 +105,7 @@ class Watchdog:
         self.events: list[WatchdogEvent] = []
         self.error: ServerError | None = None
         self.expected: dict[str, set[str]] = {}  # model → instance names with a stub
+        self.callees: dict[str, set[str]] = {}  # model → models it calls (BLS)
         self._reloads: dict[str, list[float]] = {}
         self._generation = 0
         self._stop = threading.Event()
@@ -109,6 +116,7 @@ class Watchdog:
 
     def start(self) -> "Watchdog":
         self.expected = self._instances()
+        self.callees = self._callees()
         self._report("declare", ",".join(sorted(set(self.expected) | set(self.entry_points))))
         self._thread = threading.Thread(target=self._loop, name="trtspec-watchdog", daemon=True)
         self._thread.start()
@@ -123,6 +131,27 @@ class Watchdog:
         out: dict[str, set[str]] = {}
         for stub in stubs_of(self.server_pid):
             out.setdefault(instance_model(stub.instance), set()).add(stub.instance)
+        return out
+
+    def _callees(self) -> dict[str, set[str]]:
+        """Which models each python model calls: the other models its parameters name."""
+        try:
+            index = self._json("POST", "/v2/repository/index", {}, timeout=30)
+        except Exception as e:  # noqa: BLE001 - without it, reloads are per model only
+            log.warning("watchdog: cannot read the repository index: %s", _http_error(e))
+            return {}
+        names = {m["name"] for m in index if isinstance(m, dict) and m.get("state") == "READY"} \
+            if isinstance(index, list) else set()
+        out: dict[str, set[str]] = {}
+        for model in self.expected:
+            try:
+                cfg = self._json("GET", f"/v2/models/{model}/config", timeout=30)
+            except Exception:  # noqa: BLE001
+                continue
+            values = {v.get("string_value") for v in (cfg.get("parameters") or {}).values() if isinstance(v, dict)}
+            called = (values & names) - {model}
+            if called:
+                out[model] = called
         return out
 
     def _loop(self) -> None:
@@ -147,10 +176,18 @@ class Watchdog:
             self._last_probe = time.monotonic()
             for model, why in self.probe().items():
                 unhealthy.setdefault(model, why)
+        order: list[str] = []
         for model, why in unhealthy.items():
             self._emit(WatchdogEvent("unhealthy", model, why))
+            for callee in sorted(self.callees.get(model, ())):
+                if callee not in unhealthy and callee not in order:
+                    self._emit(WatchdogEvent("unhealthy", callee, f"its caller {model} died: a response it sends "
+                                                                  "to the dead caller blocks it"))
+                    order.append(callee)
+        order += [m for m in unhealthy if m not in order]
+        for model in order:  # callees first: the new caller must not call a blocked one
             self.reload(model)
-        return list(unhealthy)
+        return order
 
     def dead_stubs(self) -> dict[str, str]:
         live = {s.instance for s in stubs_of(self.server_pid)}
@@ -233,7 +270,7 @@ class Watchdog:
 
     # ---------------------------------------------------------------- plumbing
 
-    def _json(self, method: str, path: str, body: dict | None = None, *, timeout: float) -> dict:
+    def _json(self, method: str, path: str, body: dict | None = None, *, timeout: float):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.http + path, data=data, method=method,
                                      headers={"Content-Type": "application/json"})
