@@ -83,8 +83,8 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
     ]
     if d.get("urls"):
         lines.append(f"- {len(d['urls'])} replicas ({', '.join(f'`{u}`' for u in d['urls'])}), loaded at the same "
-                     "time with the concurrency below on each; tables show all replicas together (throughput "
-                     "summed over the common wall time, latencies pooled), then each replica")
+                     "time with the concurrency below on each; tables show all replicas together (throughput: all "
+                     "replicas' tokens over their common wall time; latencies pooled), then each replica")
     o = d.get("outcome")
     if o:
         lines.append(f"- requests: {o['sent']} sent, {o['completed']} completed, {o['failed']} failed "
