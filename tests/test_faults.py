@@ -79,7 +79,8 @@ class Deployment:
             self.server = TritonServer(
                 self.repo, workdir=self.root / f"server{self.starts}", ready_timeout=300, exit_timeout=2,
                 grpc_port=g, http_port=h, metrics_port=m, entry_points=("ensemble", "ensemble_baseline"),
-                watchdog=WatchdogSettings(interval_s=0.5, probe_every_s=None, load_timeout_s=180)).start()
+                watchdog=WatchdogSettings(interval_s=0.5, probe_every_s=None, load_timeout_s=180,
+                                          drain_s=2)).start()
         finally:
             if old is None:
                 os.environ.pop("OMP_WAIT_POLICY", None)
@@ -347,7 +348,7 @@ def test_a_burst_above_the_queue_limit_is_turned_away_cleanly(deployment, refere
 def _reloaded(deployment, model: str, since: int) -> float:
     wait_until(lambda: any(e.kind == "reloaded" and e.model == model
                            for e in deployment.server.watchdog.events[since:]), timeout=180, every=0.2)
-    return next(e.seconds for e in deployment.server.watchdog.events[since:] if e.kind == "reloaded")
+    return next(e.seconds for e in deployment.server.watchdog.events[since:] if e.kind == "reloaded" and e.model == model)
 
 
 def test_engine_stub_killed_mid_stream(deployment, reference):
@@ -403,9 +404,13 @@ def test_router_stub_killed_mid_stream(deployment, reference):
         reload_s = _reloaded(deployment, "router_baseline", events)
         wait_until(lambda: _serves(c, reference), timeout=60, every=0.2)
         recovered = time.monotonic() - killed[2]
+    wait_until(lambda: any(e.kind == "killed_stuck" for e in deployment.server.watchdog.events[events:]),
+               timeout=60, every=0.2)
     kinds = [(ev.kind, ev.model) for ev in deployment.server.watchdog.events[events:]]
-    assert kinds[:4] == [("unhealthy", "router_baseline"), ("unhealthy", "tensorrt_llm_baseline"),
-                         ("reloaded", "tensorrt_llm_baseline"), ("reloaded", "router_baseline")], kinds
+    # the engine's old instance was blocked: it is removed after drain_s (2 s here)
+    assert kinds[:5] == [("unhealthy", "router_baseline"), ("unhealthy", "tensorrt_llm_baseline"),
+                         ("reloaded", "tensorrt_llm_baseline"), ("reloaded", "router_baseline"),
+                         ("killed_stuck", "tensorrt_llm_baseline")], kinds
     report(fault="router stub killed", reload_s=round(reload_s, 1), serving_again_s=round(recovered, 1))
 
 

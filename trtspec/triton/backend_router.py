@@ -14,8 +14,7 @@ Faults and cancellation (docs/reliability.md): every engine request gets its own
 ``request_key`` so postprocessing can stop it when the client goes away (``cancel``). A monitor
 thread watches the engine's stub processes: Triton 2.51 never answers the requests in flight on a
 stub that died, so the router ends them with an error at once instead of leaving their clients
-waiting; it also stops the engine request when the router's own request is cancelled (a client
-of ``router`` itself).
+waiting.
 """
 
 from __future__ import annotations
@@ -31,9 +30,9 @@ import numpy as np
 
 from trtspec.errors import TrtspecError
 from trtspec.triton.backend_common import Metrics, input_array, model_parameters, output_array, scalar, send_error
-from trtspec.triton.cancel import STOP_INPUT, new_request_id, request_key, send_stop
+from trtspec.triton.cancel import STOP_INPUT, new_request_id, request_key
 from trtspec.triton.detok import DetokWindow
-from trtspec.triton.procs import is_instance_of, stubs_of
+from trtspec.triton.procs import alive, is_instance_of, stubs_of
 from trtspec.triton.requests import (
     ENGINE_OUTPUTS,
     TENSORRTLLM_OUTPUTS,
@@ -58,8 +57,7 @@ class _Relay:
         self.sender, self.model, self.engine_request_id, self.key = sender, model, engine_request_id, key
         self.lock = threading.Lock()
         self.done = False  # a final response was sent (by the relay or by the monitor)
-        self.stop_sent = False
-        self.started = time.monotonic()
+        self.engine_pids: frozenset[int] = frozenset()  # the engine's live stubs when it started
 
 
 class _Item:
@@ -162,8 +160,11 @@ class Router:
         rid = new_request_id(self.name)
         relay = _Relay(sender, model, rid, request_key(model, rid) if self.stoppable.get(model) else "")
         with self.scan_lock:
-            if self.scan is None:  # first request after an idle spell: know the stubs it starts on
+            # the stubs it starts on: the last scan's, unless the router was idle (no scan) or
+            # they are all gone since (a reload between scans)
+            if self.scan is None or not any(alive(p) for p in self.scan.get(model, ())):
                 self.scan = self._scan()
+            relay.engine_pids = self.scan.get(model, frozenset())
         with self.relays_lock:
             self.relays[id(relay)] = relay
         try:
@@ -279,33 +280,27 @@ class Router:
                 for m in self.models.values() if m}
 
     def _check(self, relays: list[_Relay]) -> None:
-        """End the relays whose engine stub died since the last scan (Triton never answers them);
-        send the engine a stop for relays whose own request was cancelled."""
-        now = time.monotonic()
+        """End the relays whose engine stub died since the last scan (Triton never answers them).
+
+        The monitor makes no other call into the stub: ``is_cancelled()`` from this thread, next to
+        the relays' sends, went with a heap corruption of the router's stub under load (once in a
+        soak), and on a request whose final response was sent it crashes tritonserver itself
+        (SIGSEGV in ResponseFactoryIsCancelled). Cancellation comes through postprocessing."""
         with self.scan_lock:
-            before, self.scan = self.scan, self._scan()
-            after = self.scan
-        died = {m for m, pids in (before or {}).items() if pids - after.get(m, frozenset())}
+            self.scan = after = self._scan()
         for relay in relays:
-            # a relay that started before the stub died went to it: with one instance per model
-            # (trtspec's configs) that is exact; with several, relays on the others end too
-            if relay.model in died and relay.started < now:
-                self.pb.Logger.log_warn(f"{self.name}: {relay.model} stub exited; ending request "
+            model = relay.model
+            died = relay.engine_pids - after.get(model, frozenset())
+            # the stubs this relay could be on are all gone: it was on a dead one. With one
+            # instance per model (trtspec's configs) that is exact; with several, a relay on the
+            # dead one stays until its client's deadline. A reload's new stub is not in the set of
+            # relays that started before it, so they end when the watchdog removes the old one.
+            if died and not relay.engine_pids & after.get(model, frozenset()):
+                self.pb.Logger.log_warn(f"{self.name}: {model} stub exited; ending request "
                                         f"{relay.engine_request_id} with an error")
-                self._close(relay, f"{self.name}: the '{relay.model}' model's python stub exited while "
+                self._close(relay, f"{self.name}: the '{model}' model's python stub exited while "
                                    "serving this request (crashed or killed); the watchdog of `trtspec serve` "
                                    "reloads it: retry the request")
-                continue
-            if relay.key and not relay.stop_sent and self._cancelled(relay):
-                relay.stop_sent = True
-                send_stop(self.pb, relay.model, relay.engine_request_id)
-
-    @staticmethod
-    def _cancelled(relay: _Relay) -> bool:
-        # under the relay's lock: once the final response is sent the sender's response factory
-        # is gone, and is_cancelled() on it crashes tritonserver 2.51 (SIGSEGV, seen here)
-        with relay.lock:
-            return not relay.done and relay.sender.is_cancelled()
 
     def _finished(self, path: str, item: _Item) -> None:
         perf = None

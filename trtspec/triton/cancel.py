@@ -22,7 +22,7 @@ What trtspec adds, so a disconnect on ``ensemble`` stops the engine within a ste
 
 A streamed request needs at least one response after the cancel to be noticed; a ``stream=false``
 request has no intermediate responses, so through the ensemble it still runs to the end (a
-request to ``router`` or ``tensorrt_llm`` directly is stopped either way).
+request to ``tensorrt_llm`` directly is stopped either way).
 """
 
 from __future__ import annotations

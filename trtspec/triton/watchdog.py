@@ -15,7 +15,10 @@ A model that calls others over BLS (the router calls the engines) takes them alo
 caller's stub dies in the middle of a request, the callee's next response to it blocks the
 callee's sending thread for good (measured: the torch engine stops serving everyone), so the
 callees are reloaded first. Callees are the models a model's config names in its parameters
-(``speculative_model``, ``baseline_model``, ``tensorrt_llm_model_name``, ...).
+(``speculative_model``, ``baseline_model``, ``tensorrt_llm_model_name``, ...). A blocked
+instance never finishes unloading and never answers the requests it holds, so once the new
+instance serves, an old callee stub still alive after ``drain_s`` is killed: the router then
+ends the requests it had there with an error instead of leaving them to the clients' deadlines.
 
 An unhealthy model is reloaded through explicit model control (the server runs with
 ``--model-control-mode=explicit --load-model=*``). A plain ``load`` of an unchanged model is a
@@ -37,7 +40,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
+import signal
 import threading
 import time
 import urllib.error
@@ -47,7 +52,7 @@ from typing import Callable
 
 from trtspec.errors import ConfigError, ServerError
 from trtspec.triton.backend_watchdog import NAME as WATCHDOG_MODEL
-from trtspec.triton.procs import instance_model, stubs_of
+from trtspec.triton.procs import alive, instance_model, is_instance_of, stubs_of
 
 log = logging.getLogger("trtspec.watchdog")
 
@@ -63,9 +68,10 @@ class WatchdogSettings:
     load_timeout_s: float = 300.0  # one reload; a stub that cannot start hangs loading forever
     max_reloads: int = 3  # per model within reload_window_s; more is a crash loop
     reload_window_s: float = 600.0
+    drain_s: float = 10.0  # a reloaded callee's old instance may finish its requests this long
 
     def __post_init__(self):
-        for name in ("interval_s", "probe_timeout_s", "load_timeout_s", "reload_window_s"):
+        for name in ("interval_s", "probe_timeout_s", "load_timeout_s", "reload_window_s", "drain_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"watchdog.{name}", getattr(self, name), "must be > 0")
         if self.probe_every_s is not None and self.probe_every_s <= 0:
@@ -76,7 +82,7 @@ class WatchdogSettings:
 
 @dataclass(frozen=True)
 class WatchdogEvent:
-    kind: str  # "unhealthy" | "reloaded" | "reload_failed" | "probe_failed" | "gave_up"
+    kind: str  # "unhealthy" | "reloaded" | "killed_stuck" | "reload_failed" | "probe_failed" | "gave_up"
     model: str | None
     detail: str
     seconds: float | None = None  # reloaded: detection → loaded again
@@ -184,9 +190,13 @@ class Watchdog:
                     self._emit(WatchdogEvent("unhealthy", callee, f"its caller {model} died: a response it sends "
                                                                   "to the dead caller blocks it"))
                     order.append(callee)
+        callees = list(order)
         order += [m for m in unhealthy if m not in order]
+        old = {m: {s.pid for s in stubs_of(self.server_pid) if is_instance_of(s.instance, m)} for m in callees}
         for model in order:  # callees first: the new caller must not call a blocked one
             self.reload(model)
+        for model in callees:  # then the callees' old, possibly blocked, instances
+            self._kill_stuck(model, old[model])
         return order
 
     def dead_stubs(self) -> dict[str, str]:
@@ -261,6 +271,22 @@ class Watchdog:
         self._emit(WatchdogEvent("reloaded", model, "loaded again through explicit model control", took))
         self._report("reload", model, took)
         return took
+
+    def _kill_stuck(self, model: str, old: set[int]) -> None:
+        """Old instances of a reloaded callee get ``drain_s`` to finish; then their stubs are killed."""
+        deadline = time.monotonic() + self.settings.drain_s
+        while time.monotonic() < deadline and any(alive(p) for p in old):
+            if self._stop.wait(0.2):
+                return
+        stuck = sorted(p for p in old if alive(p))
+        for pid in stuck:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if stuck:
+            self._emit(WatchdogEvent("killed_stuck", model, f"old instance stub(s) {stuck} still held requests "
+                                                            f"{self.settings.drain_s:g} s after the reload"))
 
     def _failed(self, model: str, why: str):
         self._emit(WatchdogEvent("reload_failed", model, why))
