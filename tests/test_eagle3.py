@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import pathlib
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ from trtspec.errors import ModelError
 from trtspec.manifest import write_manifest
 from trtspec.models.eagle3 import (
     Eagle3Settings,
-    _windows,
     corpus_ids,
     head_config_for,
     init_head,
@@ -29,7 +27,6 @@ from trtspec.speculative.eagle3 import (
     HEAD_TENSORS,
     Eagle3Head,
     Eagle3Proposer,
-    HeadConfig,
     default_aux_layers,
     load_eagle3_head,
     save_head,

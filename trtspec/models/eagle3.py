@@ -25,11 +25,10 @@ import math
 import os
 import pathlib
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from trtspec.errors import ModelError
 from trtspec.manifest import atomic_dir, hash_folder, hash_json, maybe_manifest, write_manifest
@@ -80,7 +79,6 @@ class Eagle3Result:
     acceptance_rate: float
     step_accuracy: list[float]
     cached: bool = False
-    extra: dict = field(default_factory=dict)
 
 
 # --------------------------------------------------------------------------------------------
@@ -324,6 +322,7 @@ def make_eagle3_head(
         target = load_causal_lm(tdir, dtype=torch.float32)
         for p in target.parameters():
             p.requires_grad_(False)
+        head_config_for(target, settings)  # bad aux_layers fail before seconds of tokenizing
         t0 = time.perf_counter()
         train_ids, held_ids = corpus_ids(tdir, settings.heldout_every)
         data_s = time.perf_counter() - t0
