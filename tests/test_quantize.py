@@ -405,3 +405,16 @@ def test_calibration_sets(tiny_models, tmp_path):
         calibration_windows(str(f), tok, 4, 16)
     with pytest.raises(ConfigError, match="calibration file not found"):
         calibration_windows(str(tmp_path / "missing.txt"), tok, 4, 16)
+
+
+def test_bfloat16_model_matches_modelopt_exactly(tiny_models, tmp_path):
+    """A bf16 checkpoint is calibrated, measured and served in bf16: our runtime's fake-quant
+    equals ModelOpt's bit for bit (quantized and unquantized sides in the same dtype)."""
+    from trtspec.quantize.runtime import load_quantized
+
+    target, draft = tiny_models
+    q = make_quantization("fp8", "fp8", calib_size=4, calib_seq_len=64)
+    res = quantize_model(draft, q, "torch", tmp_path / "bf16", pair=target, dtype="bfloat16", quality=FAST)
+    assert res.manifest["dtype"] == "bfloat16"
+    assert res.quality["runtime_vs_modelopt_max_abs_diff"] == 0.0
+    assert load_quantized(res.out_dir, dtype=torch.bfloat16).lm_head.weight.dtype == torch.bfloat16

@@ -141,11 +141,12 @@ def load_quantized_head(folder: str | os.PathLike, target: CausalLM, *, dtype: t
                          fix="load it with the target it was quantized for: " + str(m.get("target", {}).get("path")))
     prepare_modelopt()
     head = Eagle3Head(cfg, target.model.embed_tokens, target.lm_head)
+    w = target.lm_head.weight
     with quiet():
         head = mto.restore(head, str(folder / STATE_FILE))
+        head = head.to(device=device or w.device, dtype=dtype or w.dtype)
         fold_weights(head)
-    w = target.lm_head.weight
-    return head.to(device=device or w.device, dtype=dtype or w.dtype).eval()
+    return head.eval()
 
 
 @torch.inference_mode()

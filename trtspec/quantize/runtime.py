@@ -160,9 +160,13 @@ def causal_lm_from_quantized(qmodel: torch.nn.Module, args: ModelArgs) -> Causal
 
     prepare_modelopt()
     model = empty_causal_lm(args)
+    w = qmodel.lm_head.weight
     with quiet():
         model = mto.restore_from_modelopt_state(model, mto.modelopt_state(qmodel))
         model.load_state_dict(qmodel.state_dict())
+        # the calibrated model's dtype and device, before folding: the folded weights are then the
+        # very values ModelOpt's fake-quant computes on every forward
+        model = model.to(device=w.device, dtype=w.dtype)
         fold_weights(model)
     return model.eval()
 
@@ -201,5 +205,6 @@ def load_quantized(
     model = empty_causal_lm(args)
     with quiet():
         model = mto.restore(model, str(state))
+        model = model.to(device=device, dtype=dtype)
         fold_weights(model)
-    return model.to(device=device, dtype=dtype).eval()
+    return model.eval()
