@@ -103,7 +103,11 @@ def _alive(pgid: int) -> list[str]:
 @pytest.mark.slow
 def test_server_dying_mid_validation_fails_cleanly_and_rerun_completes(tmp_path, tiny_models):
     target, _ = tiny_models
-    recipe = load_recipe(_recipe(tmp_path, target, None, name="pipe-dies"))
+    # enough validation work that it is still running when the server is killed, on any machine
+    validation = {"prompts": "builtin:stdlib", "num_prompts": 6, "max_tokens": 64, "concurrency": [1],
+                  "requests_per_level": 12, "warmup_requests": 0,
+                  "gates": {"min_speedup": 0.01, "min_acceptance_rate": 0.0}}
+    recipe = load_recipe(_recipe(tmp_path, target, None, name="pipe-dies", validation=validation))
     wd = tmp_path / "work"
     killed: dict = {}
 
@@ -112,7 +116,7 @@ def test_server_dying_mid_validation_fails_cleanly_and_rerun_completes(tmp_path,
             server = pipe.server
 
             def kill():
-                time.sleep(1.0)
+                time.sleep(0.3)
                 killed["pgid"] = server.proc.pid
                 killed["shm"] = server.shm_prefix
                 os.killpg(server.proc.pid, signal.SIGKILL)

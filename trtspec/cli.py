@@ -995,8 +995,6 @@ def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image
     out.print(f"rollback: {m['commands']['rollback']}", markup=False)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    main()
 # --------------------------------------------------------------------------------------------
 # the whole pipeline
 
@@ -1076,3 +1074,5 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
     sys.exit(res.exit_code)
 
 
+if __name__ == "__main__":  # pragma: no cover
+    main()

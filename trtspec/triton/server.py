@@ -426,6 +426,7 @@ class TritonServer:
         except (ProcessLookupError, PermissionError):
             pass
         self.returncode = self.proc.wait()
+        _wait_group_gone(self.proc.pid)
         _clean(self.shm_prefix, self.python_env_dirs)
         if self._record is not None:
             self._record.unlink(missing_ok=True)
@@ -475,15 +476,16 @@ def server_for_repository(
 ) -> TritonServer:
     """A :class:`TritonServer` for a repository; unset options come from the recipe in the
     repository's ``trtspec.json`` (``serving``), then from the defaults (127.0.0.1, free ports).
-    The watchdog is on (``WatchdogSettings()``, probing the repository's entry points) unless
-    ``watchdog=None``."""
+    The watchdog is on unless ``watchdog=None``; by default it watches the stubs only and sends no
+    probe requests, which would mix into a validation's measurements (``trtspec run``);
+    ``trtspec serve`` turns probes on."""
     from trtspec.triton.render import read_repository_manifest
     from trtspec.triton.watchdog import WatchdogSettings
 
     manifest = read_repository_manifest(repository) or {}
     serving = (manifest.get("recipe") or {}).get("serving") or {}
     if watchdog == "default":
-        watchdog = WatchdogSettings()
+        watchdog = WatchdogSettings(probe_every_s=None)
     entries = manifest.get("entry_points") or {}
     kwargs.setdefault("entry_points", tuple(v for v in (entries.get("speculative"), entries.get("baseline")) if v))
 
@@ -535,6 +537,29 @@ def _clean(shm_prefix: str, python_env_dirs) -> None:
             pass
     for d in python_env_dirs:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _group_running(pgid: int) -> list[int]:
+    """Processes of a group that still run (zombies excluded: orphaned stubs are reparented to
+    PID 1, which in a container may never reap them)."""
+    out = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _wait_group_gone(pgid: int, timeout: float = 15.0) -> None:
+    """After SIGKILL a big stub takes a moment to exit (seconds on a loaded machine, freeing its
+    memory): stop() returns when nothing of the server runs any more, so its shared memory is
+    removed after its last user."""
+    deadline = time.monotonic() + timeout
+    while _group_running(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _runs(pid: int, argv0: str) -> bool:
