@@ -14,7 +14,7 @@ is kept in the JSON. Greedy outputs are compared token by token with (a).
     python scripts/bench_engine.py                 # tiny pair, ~2 minutes on 2 cores
     python scripts/bench_engine.py --real          # Qwen2.5-Coder 1.5B + 0.5B (trtspec models qwen)
 
-Writes bench/results/engine_<pair>.json and .md.
+Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-draft-len is given).
 """
 
 from __future__ import annotations
@@ -195,8 +195,9 @@ def main() -> int:
             summary["draft_target_vs_hf_assisted_best"] = round(max(results["e"]["tok_s"]) / hf_assist_best, 3)
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / f"engine_{pair}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    cmd = "python scripts/bench_engine.py" + (" --real" if args.real else "")
+    stem = f"engine_{pair}" + (f"_k{args.max_draft_len}" if args.max_draft_len else "")
+    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    cmd = "python " + " ".join(["scripts/bench_engine.py", *sys.argv[1:]])
     md = [f"# Engine benchmark ({pair} pair)", "",
           f"`{cmd}` — {len(prompts)} prompts × {max_new} new tokens, greedy, batch 1, {dtype_name}, "
           f"{args.threads} threads, best of {args.repeats} interleaved repeats.", "",
@@ -211,7 +212,7 @@ def main() -> int:
     if "draft_target_vs_hf_assisted_best" in summary:
         md.append(f"Draft-target vs plain: **{summary['draft_target_vs_plain']}×**; vs the best HF assisted "
                   f"configuration: **{summary['draft_target_vs_hf_assisted_best']}×**.")
-    (out_dir / f"engine_{pair}.md").write_text("\n".join(md) + "\n")
+    (out_dir / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0
 
