@@ -6,7 +6,6 @@ instead of recomputing; batching, EOS, max-tokens and adaptive drafting behave.
 
 from __future__ import annotations
 
-import pathlib
 
 import pytest
 import torch

@@ -55,7 +55,6 @@ def test_bench_reports_each_replica_and_the_total(urls, tmp_path):
     assert d["outcome"] == {"sent": d["outcome"]["sent"], "completed": d["outcome"]["sent"], "failed": 0,
                             "failed_with_partial_output": 0, "busy": 0}
     for lv in d["levels"]:
-        c = lv["concurrency"]
         assert set(lv["replicas"]) == set(urls)
         for role in ("speculative", "baseline"):
             total = lv["models"][role]

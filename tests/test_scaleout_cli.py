@@ -9,7 +9,7 @@ import yaml
 from click.testing import CliRunner
 
 from trtspec.cli import main
-from trtspec.config import load_recipe, parse_recipe, recipe_to_dict
+from trtspec.config import load_recipe, recipe_to_dict
 from trtspec.triton.render import package
 
 REPO = pathlib.Path(__file__).resolve().parent.parent

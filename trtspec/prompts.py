@@ -43,12 +43,15 @@ def _data_file(kind: str) -> list[str] | None:
         f = resources.files("trtspec") / "data" / f"prompts_{kind}.jsonl"
         if not f.is_file():
             return None
-        return _parse_jsonl(f.read_text(), f"builtin:{kind}")
+        return parse_text_jsonl(f.read_text(), f"builtin:{kind}")
     except (FileNotFoundError, ModuleNotFoundError):
         return None
 
 
-def _parse_jsonl(text: str, where: str) -> list[str]:
+def parse_text_jsonl(text: str, where: str, *, what: str = "prompts") -> list[str]:
+    """Texts from JSONL: one object per line with a ``text`` (or ``prompt``) string, or a bare
+    JSON string. Prompt sets and calibration files share this format; ``where`` names the file
+    in errors."""
     out = []
     for lineno, line in enumerate(text.splitlines(), 1):
         if not line.strip():
@@ -59,12 +62,12 @@ def _parse_jsonl(text: str, where: str) -> list[str]:
             raise ConfigError(f"{where}:{lineno}", line[:60], f"not valid JSON ({e.msg})",
                               fix='one JSON object per line, e.g. {"text": "def fib(n):"}') from None
         text_value = obj.get("text", obj.get("prompt")) if isinstance(obj, dict) else obj if isinstance(obj, str) else None
-        if not isinstance(text_value, str) or not text_value:
+        if not isinstance(text_value, str) or not text_value.strip():
             raise ConfigError(f"{where}:{lineno}", obj, "needs a non-empty string field 'text' (or 'prompt')",
                               fix='e.g. {"text": "def fib(n):"}')
         out.append(text_value)
     if not out:
-        raise ConfigError(where, "", "no prompts in the file", fix="add one JSON object per line")
+        raise ConfigError(where, "", f"no {what} in the file", fix="add one JSON object per line")
     return out
 
 
@@ -87,7 +90,7 @@ def load_prompts(source: str, n: int | None = None) -> list[str]:
             raise ConfigError("prompts", source, "prompt file not found", fix="pass builtin:code or a .jsonl path")
         text = path.read_text(encoding="utf-8")
         if path.suffix == ".jsonl":
-            prompts = _parse_jsonl(text, str(path))
+            prompts = parse_text_jsonl(text, str(path))
         else:
             prompts = [p.strip("\n") for p in text.split("\n\n") if p.strip()]
             if not prompts:

@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import pathlib
 from dataclasses import dataclass
 
@@ -70,21 +69,9 @@ def read_text_file(path: pathlib.Path, *, field: str = FIELD) -> list[str]:
                           fix='add text: one JSON object per line ({"text": "..."}) or plain text')
     if path.suffix != ".jsonl":
         return [raw]
-    texts = []
-    for lineno, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{lineno}", line[:60], f"not valid JSON ({e.msg})",
-                              fix='one JSON object per line, e.g. {"text": "def fib(n):"}') from None
-        text = obj.get("text", obj.get("prompt")) if isinstance(obj, dict) else obj
-        if not isinstance(text, str) or not text.strip():
-            raise ConfigError(f"{path}:{lineno}", obj, "needs a non-empty string field 'text' (or 'prompt')",
-                              fix='e.g. {"text": "def fib(n):"}')
-        texts.append(text)
-    return texts
+    from trtspec.prompts import parse_text_jsonl
+
+    return parse_text_jsonl(raw, str(path), what="calibration texts")
 
 
 def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int) -> TextWindows:

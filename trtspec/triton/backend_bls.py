@@ -15,12 +15,17 @@ only need the tensorrtllm backend's tensors, so the same loop runs over trtspec'
 from __future__ import annotations
 
 import json
-import threading
 import time
 
-from trtspec.errors import TrtspecError
-from trtspec.triton.backend_common import input_array, model_parameters, output_array, resident_bytes, send_error
-from trtspec.triton.requests import GenerationRequest, engine_inputs, parse_generation
+from trtspec.triton.backend_common import (
+    RequestThreads,
+    model_parameters,
+    output_array,
+    parse_or_reject,
+    resident_bytes,
+    send_error,
+)
+from trtspec.triton.requests import GenerationRequest, engine_inputs
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -41,21 +46,14 @@ class DraftTargetBls:
         self.target = p["tensorrt_llm_model_name"]
         self.draft = p["tensorrt_llm_draft_model_name"]
         self.num_draft_tokens = int(p["num_draft_tokens"])
-        self.threads: set[threading.Thread] = set()
-        self.lock = threading.Lock()
+        self.threads = RequestThreads()
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            try:
-                req = parse_generation(lambda name: input_array(self.pb, request, name), check_sampling=False)
-            except TrtspecError as e:
-                send_error(self.pb, sender, f"{self.name}: {e}")
-                continue
-            t = threading.Thread(target=self._serve, args=(sender, req), daemon=True)
-            with self.lock:
-                self.threads.add(t)
-            t.start()
+            req = parse_or_reject(self.pb, request, sender, self.name)
+            if req is not None:
+                self.threads.start(self._serve, sender, req)
         return None
 
     def _serve(self, sender, req: GenerationRequest) -> None:
@@ -65,9 +63,6 @@ class DraftTargetBls:
             sender.send(self.pb.InferenceResponse(error=e.error), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as e:  # noqa: BLE001 - answer this request, keep serving
             send_error(self.pb, sender, f"{self.name}: {type(e).__name__}: {e}", invalid_argument=False)
-        finally:
-            with self.lock:
-                self.threads.discard(threading.current_thread())
 
     def _generate(self, model: str, req: GenerationRequest, context: list[int], n: int,
                   drafts: list[int] | None = None) -> list[int]:
@@ -148,10 +143,7 @@ class DraftTargetBls:
                     flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
 
     def finalize(self) -> None:
-        with self.lock:
-            threads = list(self.threads)
-        for t in threads:
-            t.join(timeout=10)
+        self.threads.join()
 
 
 class _ModelError(Exception):

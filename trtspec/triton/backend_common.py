@@ -56,6 +56,49 @@ def send_error(pb, sender, message: str, *, invalid_argument: bool = True) -> No
                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
+def parse_or_reject(pb, request, sender, model_name: str):
+    """The request's generation inputs, or ``None`` after answering it with an INVALID_ARG error
+    that names the input (the model keeps serving)."""
+    from trtspec.errors import TrtspecError
+    from trtspec.triton.requests import parse_generation
+
+    try:
+        return parse_generation(lambda name: input_array(pb, request, name), check_sampling=False)
+    except TrtspecError as e:
+        send_error(pb, sender, f"{model_name}: {e}")
+        return None
+
+
+class RequestThreads:
+    """One daemon thread per request, for decoupled models that answer from their own threads;
+    ``finalize`` joins the ones still running."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._threads: set[threading.Thread] = set()
+
+    def start(self, target, *args, name: str | None = None) -> None:
+        def run() -> None:
+            try:
+                target(*args)
+            finally:
+                with self._lock:
+                    self._threads.discard(threading.current_thread())
+
+        t = threading.Thread(target=run, daemon=True, name=name)
+        with self._lock:
+            self._threads.add(t)
+        t.start()
+
+    def running(self) -> list[threading.Thread]:
+        with self._lock:
+            return list(self._threads)
+
+    def join(self, timeout: float = 10) -> None:
+        for t in self.running():
+            t.join(timeout=timeout)
+
+
 def resident_bytes() -> int:
     """Current resident set size of this process (not the peak)."""
     try:

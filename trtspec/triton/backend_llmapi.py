@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import json
 import pathlib
-import threading
 import time
 
-from trtspec.errors import TrtspecError
-from trtspec.triton.backend_common import input_array, model_parameters, resident_bytes, send_error
-from trtspec.triton.requests import GenerationRequest, parse_generation
+from trtspec.triton.backend_common import RequestThreads, model_parameters, parse_or_reject, resident_bytes, send_error
+from trtspec.triton.requests import GenerationRequest
 
 
 def _spec_metrics(output) -> tuple[float, int, int]:
@@ -54,21 +52,14 @@ class LlmApiModel:
         kwargs = yaml.safe_load(path.read_text())
         kwargs.pop("triton_config", None)
         self.llm = LLM(**kwargs)
-        self.threads: set[threading.Thread] = set()
-        self.lock = threading.Lock()
+        self.threads = RequestThreads()
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            try:
-                req = parse_generation(lambda name: input_array(self.pb, request, name), check_sampling=False)
-            except TrtspecError as e:
-                send_error(self.pb, sender, f"{self.name}: {e}")
-                continue
-            t = threading.Thread(target=self._serve, args=(sender, req), daemon=True)
-            with self.lock:
-                self.threads.add(t)
-            t.start()
+            req = parse_or_reject(self.pb, request, sender, self.name)
+            if req is not None:
+                self.threads.start(self._serve, sender, req)
         return None
 
     def _serve(self, sender, req: GenerationRequest) -> None:
@@ -110,15 +101,9 @@ class LlmApiModel:
                     return
         except Exception as e:  # noqa: BLE001 - answer this request, keep serving
             send_error(pb, sender, f"{self.name}: {type(e).__name__}: {e}", invalid_argument=False)
-        finally:
-            with self.lock:
-                self.threads.discard(threading.current_thread())
 
     def finalize(self) -> None:
-        with self.lock:
-            threads = list(self.threads)
-        for t in threads:
-            t.join(timeout=10)
+        self.threads.join()
         shutdown = getattr(self.llm, "shutdown", None)
         if shutdown is not None:
             shutdown()

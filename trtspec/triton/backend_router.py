@@ -24,12 +24,18 @@ import os
 import pathlib
 import re
 import threading
-import time
 
 import numpy as np
 
-from trtspec.errors import TrtspecError
-from trtspec.triton.backend_common import Metrics, input_array, model_parameters, output_array, scalar, send_error
+from trtspec.triton.backend_common import (
+    Metrics,
+    RequestThreads,
+    model_parameters,
+    output_array,
+    parse_or_reject,
+    scalar,
+    send_error,
+)
 from trtspec.triton.cancel import STOP_INPUT, new_request_id, request_key
 from trtspec.triton.detok import DetokWindow
 from trtspec.triton.procs import alive, is_instance_of, stubs_of
@@ -38,7 +44,6 @@ from trtspec.triton.requests import (
     TENSORRTLLM_OUTPUTS,
     GenerationRequest,
     engine_inputs,
-    parse_generation,
 )
 from trtspec.triton.routing import RoutingPolicy
 
@@ -104,8 +109,7 @@ class Router:
             # break-even from measured costs needs trtspec.speculative.stats (imports torch):
             # pay that at load time, not in the middle of serving
             import trtspec.speculative.stats  # noqa: F401
-        self.threads: set[threading.Thread] = set()
-        self.threads_lock = threading.Lock()
+        self.threads = RequestThreads()
         # which engine models take a stop request (trtspec's torch engine declares the input)
         here = pathlib.Path(args["model_repository"]).parent
         self.stoppable = {m: _declares_input(here / m / "config.pbtxt", STOP_INPUT)
@@ -137,20 +141,14 @@ class Router:
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
-            try:
-                req = parse_generation(lambda name: input_array(self.pb, request, name), check_sampling=False)
-            except TrtspecError as e:
-                send_error(self.pb, sender, f"{self.name}: {e}")
+            req = parse_or_reject(self.pb, request, sender, self.name)
+            if req is None:
                 continue
             decision = self.policy.route()
             path = "speculative" if decision.speculative else "baseline"
             self.metrics.apply([("increment", "trtspec_router_requests_total", 1,
                                  {"path": path, "reason": decision.reason})])
-            t = threading.Thread(target=self._serve, args=(sender, req, path), daemon=True,
-                                 name=f"{self.name}-request")
-            with self.threads_lock:
-                self.threads.add(t)
-            t.start()
+            self.threads.start(self._serve, sender, req, path, name=f"{self.name}-request")
         return None
 
     # ------------------------------------------------------------------ one request
@@ -179,8 +177,6 @@ class Router:
         finally:
             with self.relays_lock:
                 self.relays.pop(id(relay), None)
-            with self.threads_lock:
-                self.threads.discard(threading.current_thread())
 
     def _relay(self, relay: _Relay, req: GenerationRequest, path: str) -> None:
         pb = self.pb
@@ -327,11 +323,8 @@ class Router:
         self.closing.set()
         with self.relays_lock:
             stuck = sum(r.done for r in self.relays.values())  # ended by the monitor: never return
-        with self.threads_lock:
-            threads = list(self.threads)
-        if len(threads) > stuck:
-            for t in threads:
-                t.join(timeout=10)
+        if len(self.threads.running()) > stuck:
+            self.threads.join()
 
 
 def _declares_input(config: pathlib.Path, name: str) -> bool:

@@ -37,20 +37,11 @@ def _read(source: str) -> list[str]:
     raw = path.read_text(encoding="utf-8", errors="replace")
     if path.suffix != ".jsonl":
         return [raw] if raw.strip() else []
-    texts = []
-    for lineno, line in enumerate(raw.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{path}:{lineno}", line[:60], f"not valid JSON ({e.msg})",
-                              fix='one JSON object per line, e.g. {"text": "..."}') from None
-        text = obj.get("text", obj.get("prompt")) if isinstance(obj, dict) else obj
-        if not isinstance(text, str) or not text.strip():
-            raise ConfigError(f"{path}:{lineno}", obj, "needs a non-empty string field 'text' (or 'prompt')")
-        texts.append(text)
-    return texts
+    if not raw.strip():
+        return []
+    from trtspec.prompts import parse_text_jsonl
+
+    return parse_text_jsonl(raw, str(path), what="calibration texts")
 
 
 def calibration_rows(source: str, size: int, seq_len: int) -> list[str]:
