@@ -270,3 +270,37 @@ def test_external_draft_tokens_are_verified_first():
     evs = eng.step()
     assert evs[0].new_tokens == [2, 3, 4]  # 2 and 3 accepted, 9 rejected → correction 4
     assert evs[0].stats.drafted == 4 and evs[0].stats.accepted == 2
+
+
+def test_background_engine_picks_the_faster_thread_count_in_its_own_thread(pair, prompts):
+    """A served engine runs outside the main thread, where torch's parallel regions cost more:
+    the engine thread measures 1 vs the configured count and keeps the faster; the outputs stay
+    those of the offline engine."""
+    import threading
+
+    from trtspec.speculative.engine import BackgroundEngine
+
+    target, draft = pair
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        eng = Engine(target, DraftModelProposer(draft, 2, 512), max_draft_len=3, max_batch_size=2, max_seq_len=400)
+        bg = BackgroundEngine(eng)
+        try:
+            t = bg.threads
+            assert t is not None and t["configured"] == 2
+            assert t["threads"] == (1 if t["target_step_s_1_thread"] < t["target_step_s_2_threads"] else 2)
+            seen, done = [], threading.Event()
+            bg.submit(prompts[0], SamplingParams(max_new_tokens=12), lambda ev: (seen.extend(ev.new_tokens),
+                                                                               ev.finished and done.set()))
+            assert done.wait(60)
+        finally:
+            bg.shutdown()
+        ref = Engine(target, None, max_batch_size=1, max_seq_len=400).generate([prompts[0]], SamplingParams(max_new_tokens=12))
+        assert seen == ref[0].token_ids
+        torch.set_num_threads(1)  # one configured thread: nothing to pick
+        bg1 = BackgroundEngine(Engine(target, None, max_batch_size=1, max_seq_len=400))
+        assert bg1.threads is None
+        bg1.shutdown()
+    finally:
+        torch.set_num_threads(saved)
