@@ -240,7 +240,7 @@ def main() -> None:
             lines.append(f"| {r['concurrency']} | {k.removesuffix('_s')} | {r['trtspec'][k] * scale:.2f}{unit} "
                          f"{rng(ours_r, k, scale)} | {r['perf_analyzer'][k] * scale:.2f}{unit} {rng(pa_r, k, scale)} | "
                          f"{r['relative_difference'][k]:+.1%} | {paired:+.1%} |")
-    lines += ["", f"Load average during the levels: "
+    lines += ["", "Load average during the levels: "
               + ", ".join(f"c={r['concurrency']}: {r['load_average'][0]:.1f}" for r in rows) + " (2 cores)."]
     lines += ["", f"All within ±{TOLERANCE:.0%}: **{'yes' if result['all_within_tolerance'] else 'no'}**.", ""]
     (out / "metric_agreement.md").write_text("\n".join(lines))

@@ -338,8 +338,8 @@ def eagle3_head_dir(tiny_models, tmp_path_factory) -> pathlib.Path:
 
 
 def test_eagle3_head_quantizes_exports_and_drafts(eagle3_head_dir, tiny_models, tmp_path):
-    from trtspec.quantize.eagle3_head import load_quantized_head
-    from trtspec.speculative.eagle3 import Eagle3Proposer
+    from trtspec.speculative.eagle3 import Eagle3Proposer, load_eagle3_head
+    from trtspec.speculative.runtime import load_model
     from trtspec.speculative.engine import Engine
     from trtspec.speculative.model import load_causal_lm
     from trtspec.speculative.sampling import SamplingParams
@@ -353,7 +353,7 @@ def test_eagle3_head_quantizes_exports_and_drafts(eagle3_head_dir, tiny_models, 
     assert rep["runtime_vs_modelopt_max_abs_diff"] < 1e-4 and rep["top1_agreement"] > 0.5
 
     target = load_causal_lm(target_dir)
-    head = load_quantized_head(res.out_dir, target)
+    head = load_eagle3_head(res.out_dir, target)  # the runtime's loader sees the manifest: fake-quant
     assert head.fc.input_quantizer.is_enabled and head.layers[0].self_attn.k_bmm_quantizer.is_enabled
     prompts = [[5, 17, 99, 250, 31, 7], [400, 12, 3, 3, 81]]
     params = SamplingParams(max_new_tokens=12, ignore_eos=True)
@@ -372,6 +372,11 @@ def test_eagle3_head_quantizes_exports_and_drafts(eagle3_head_dir, tiny_models, 
         assert f.get_tensor("layers.0.self_attn.q_proj.weight").dtype == torch.float8_e4m3fn
         assert f.get_tensor("lm_head.weight").dtype == torch.float32
         assert {"fc.weight_scale", "fc.input_scale", "layers.0.self_attn.k_proj.k_scale"} <= set(f.keys())
+    # an hf export is for TRT-LLM/vLLM: the torch runtime refuses it with the fix, not with garbage
+    with pytest.raises(ModelError, match="not a torch export"):
+        load_eagle3_head(out, target)
+    with pytest.raises(ModelError, match="export is for TRT-LLM"):
+        load_model(str(out), torch.float32, torch.device("cpu"))
 
 
 def test_eagle3_head_bad_input(eagle3_head_dir, tiny_models, tmp_path):

@@ -195,7 +195,7 @@ def check_quantization(recipe: Recipe, report: CheckReport) -> None:
         if isinstance(spec, Eagle3) and backend == "trtllm-pytorch" and spec.eagle3_one_model and role == "target" and fmt == "fp8":
             report.add("quantization:target", "warn", "EAGLE-3 one-model with an FP8 target crashed in TRT-LLM 1.0.0rc6 (TRT-LLM#7842); test on your version or set eagle3_one_model: false")
         if q.kv_cache != "none" and backend == "torch":
-            report.add(f"quantization:{role}", "warn", f"kv_cache={q.kv_cache!r} is exported for TRT-LLM; the torch runtime keeps its KV cache in {recipe.runtime.dtype}")
+            report.add(f"quantization:{role}", "warn", f"kv_cache={q.kv_cache!r}: the torch runtime rounds K/V to {q.kv_cache} with the calibrated scales (fake-quant) but stores them in {recipe.runtime.dtype}, so the cache takes no less memory here")
     if not problems:
         report.add("quantization", "ok", "no combination known to fail upstream")
 

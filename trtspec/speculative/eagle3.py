@@ -353,6 +353,10 @@ def load_eagle3_head(
         raise ModelError(f"EAGLE-3 head folder not found: {folder}",
                          fix="train one with `trtspec models eagle3 --target DIR --out DIR`")
     manifest = maybe_manifest(folder) or {}
+    if manifest.get("kind") == "quantized":  # `trtspec quantize` of a head: ModelOpt state, fake-quant
+        from trtspec.quantize.eagle3_head import load_quantized_head  # lazy: imports modelopt
+
+        return load_quantized_head(folder, target, dtype=dtype, device=device)
     cfg = HeadConfig.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"),
                                     feature_norm=manifest.get("feature_norm", "standard"))
     t = target.args

@@ -82,7 +82,7 @@ def load_model(folder: str, dtype: torch.dtype, device: torch.device) -> CausalL
     from trtspec.manifest import maybe_manifest
 
     m = maybe_manifest(folder)
-    if m and m.get("kind") == "quantized" and m.get("export") == "torch":
+    if m and m.get("kind") == "quantized":  # a torch export loads; an hf/trtllm export is refused, with the fix
         from trtspec.quantize.runtime import load_quantized  # lazy: imports modelopt
 
         return load_quantized(folder, dtype=dtype, device=device)

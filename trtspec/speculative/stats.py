@@ -14,8 +14,24 @@ from dataclasses import dataclass, field
 import torch
 
 
+class _Acceptance:
+    """acceptance rate and length from ``drafted``, ``accepted`` and ``steps`` (target passes)."""
+
+    drafted: int
+    accepted: int
+    steps: int
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def acceptance_length(self) -> float:
+        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
+
+
 @dataclass
-class RequestStats:
+class RequestStats(_Acceptance):
     prompt_tokens: int = 0
     generated: int = 0
     output_ids: list[int] = field(default_factory=list)
@@ -63,14 +79,6 @@ class RequestStats:
             self.peak_device_bytes = torch.cuda.max_memory_allocated(device)
 
     @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def acceptance_length(self) -> float:
-        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
-
-    @property
     def decode_s(self) -> float:
         return max(self.total_s - self.queue_s, 1e-9)
 
@@ -101,7 +109,7 @@ class RequestStats:
 
 
 @dataclass
-class Aggregate:
+class Aggregate(_Acceptance):
     """Sums over many requests (what `bench_engine.py`, `tune` and the Triton metrics report)."""
 
     requests: int = 0
@@ -132,14 +140,6 @@ class Aggregate:
             self.reached[i] += r
             self.accepted_at[i] += a
         self.peak_rss_bytes = max(self.peak_rss_bytes, s.peak_rss_bytes)
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def acceptance_length(self) -> float:
-        return (self.accepted + self.steps) / self.steps if self.steps else 0.0
 
     def per_position_acceptance(self) -> list[float]:
         """α_i = P(draft token i accepted | tokens before it accepted)."""

@@ -64,7 +64,8 @@ class GenerationRequest:
 Get = Callable[[str], "np.ndarray | None"]
 
 
-def _one(get: Get, name: str, *, required: bool = False):
+def _batch_of_one(get: Get, name: str, required: bool, fix: str) -> "np.ndarray | None":
+    """Input ``name`` as an array of batch size 1, or None when absent and optional."""
     a = get(name)
     if a is None:
         if required:
@@ -74,8 +75,16 @@ def _one(get: Get, name: str, *, required: bool = False):
     if a.ndim == 0 or a.shape[0] != 1:
         raise RequestInputError(
             f"input '{name}' has batch size {a.shape[0] if a.ndim else 0}; trtspec models take one sequence per request",
-            fix="send one prompt per request, shaped [1, ...]; concurrency comes from continuous batching",
+            fix=fix,
         )
+    return a
+
+
+def _one(get: Get, name: str, *, required: bool = False):
+    a = _batch_of_one(get, name, required,
+                      "send one prompt per request, shaped [1, ...]; concurrency comes from continuous batching")
+    if a is None:
+        return None
     flat = a.reshape(-1)
     if flat.size != 1:
         raise RequestInputError(f"input '{name}' must hold one value, got shape {list(a.shape)}",
@@ -84,18 +93,8 @@ def _one(get: Get, name: str, *, required: bool = False):
 
 
 def _ids(get: Get, name: str, *, required: bool = False) -> list[int] | None:
-    a = get(name)
-    if a is None:
-        if required:
-            raise RequestInputError(f"input '{name}' is missing", fix=f"send the '{name}' tensor")
-        return None
-    a = np.asarray(a)
-    if a.ndim == 0 or a.shape[0] != 1:
-        raise RequestInputError(
-            f"input '{name}' has batch size {a.shape[0] if a.ndim else 0}; trtspec models take one sequence per request",
-            fix="send one sequence per request, shaped [1, n]",
-        )
-    return [int(x) for x in a.reshape(-1)]
+    a = _batch_of_one(get, name, required, "send one sequence per request, shaped [1, n]")
+    return None if a is None else [int(x) for x in a.reshape(-1)]
 
 
 def parse_generation(get: Get, *, check_sampling: bool = True) -> GenerationRequest:
