@@ -188,6 +188,12 @@ def main(argv=None) -> int:
             print(f"soak: {args.clients} clients x {args.minutes} min ...", file=sys.stderr)
             res = asyncio.run(soak(url, args, prompts, reference, mem))
             growth = mem.growth(first_s=60.0 if args.minutes > 3 else 0.0, last_s=args.minutes * 60)
+        if events:  # a stub died or was reloaded: keep the server log's evidence beside the results
+            stem = pathlib.Path(args.out)
+            stem.parent.mkdir(parents=True, exist_ok=True)
+            log_file = server.log_path
+            log = log_file.read_text(errors="replace").splitlines() if log_file and log_file.is_file() else []
+            (stem.parent / f"{stem.name}_server_log_tail.txt").write_text("\n".join(log[-400:]) + "\n")
     result = {
         "kind": "soak", "started": started, "config": os.path.relpath(args.config, ROOT),
         "command": "python scripts/soak.py " + " ".join(argv if argv is not None else sys.argv[1:]),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import inspect
 import json
 import pathlib
-import queue
 import threading
 import time
 
@@ -24,7 +23,6 @@ import numpy as np
 from trtspec.errors import TrtspecError
 from trtspec.triton.backend_common import (
     Metrics,
-    error_response,
     input_array,
     model_parameters,
     resident_bytes,
@@ -135,9 +133,8 @@ class _Stream:
         if ev.finished:
             self.model.forget(self)
         if ev.finish_reason and ev.finish_reason.startswith("error"):
-            self.model.outbox.send(self.sender, error_response(
-                pb, f"generation failed: {ev.finish_reason[len('error: '):]}", invalid_argument=False),
-                pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            send_error(pb, self.sender, f"generation failed: {ev.finish_reason[len('error: '):]}",
+                       invalid_argument=False)
             self.model.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
             return None
         if self.first_draft is not None and ev.stats.generated == len(ev.new_tokens) and ev.new_tokens:
@@ -150,13 +147,13 @@ class _Stream:
             if ev.new_tokens or ev.finished:
                 tensors = response_tensors(pb, ev.new_tokens, counters, self.model.served_by, perf)
                 flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ev.finished else 0
-                self.model.outbox.send(self.sender, pb.InferenceResponse(output_tensors=tensors), flags)
+                self.sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
         else:
             self.tokens.extend(ev.new_tokens)
             if ev.finished:
                 tensors = response_tensors(pb, self.tokens, counters, self.model.served_by, perf)
-                self.model.outbox.send(self.sender, pb.InferenceResponse(output_tensors=tensors),
-                                       pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                self.sender.send(pb.InferenceResponse(output_tensors=tensors),
+                                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         if ev.finished:
             return None
         if self.stop_requested:
@@ -168,41 +165,6 @@ class _Stream:
             if self.sender.is_cancelled():
                 return False
         return None
-
-
-class _Outbox:
-    """Sends the engine's responses from a thread of their own, in the order they were made.
-
-    A response send is a round trip to tritonserver (shared-memory message + wait); made from
-    the engine thread it stalls every active request's next step. Measured on the tiny pair
-    served on 2 cores: the engine thread spent about as long sending a streamed token as making
-    it. One FIFO thread keeps each request's responses in order (the final one last)."""
-
-    def __init__(self, name: str):
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=f"{name}-outbox", daemon=True)
-        self._thread.start()
-
-    def send(self, sender, response, flags: int) -> None:
-        self._q.put((sender, response, flags))
-
-    def _run(self) -> None:
-        while True:
-            item = self._q.get()
-            if item is None:
-                return
-            sender, response, flags = item
-            try:
-                if response is None:
-                    sender.send(flags=flags)
-                else:
-                    sender.send(response, flags=flags)
-            except Exception:  # noqa: BLE001 - a request whose client is gone; keep sending the others
-                pass
-
-    def close(self, timeout: float = 10) -> None:
-        self._q.put(None)
-        self._thread.join(timeout)
 
 
 class EngineModel:
@@ -220,7 +182,6 @@ class EngineModel:
         spec_path = pathlib.Path(args["model_repository"]) / args["model_version"] / p["runtime_spec"]
         spec = RuntimeSpec.from_json(spec_path.read_text())
         self.engine = build_engine(spec)
-        self.outbox = _Outbox(self.name)
         self.background = BackgroundEngine(self.engine, max_queue=int(p.get("max_queue_size") or 0) or 1024)
         # the lead adds external drafts to submit(); until then draft_input_ids is refused clearly
         self.external_drafts = "draft_tokens" in inspect.signature(self.background.submit).parameters
@@ -298,4 +259,3 @@ class EngineModel:
     def finalize(self) -> None:
         # cancels what is still running; each request gets its final response
         self.background.shutdown()
-        self.outbox.close()
