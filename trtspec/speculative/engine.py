@@ -407,7 +407,9 @@ def pick_thread_count(engine: Engine, repeats: int = 3) -> dict | None:
     takes 7 µs with 2 threads on the main thread, 200 µs on another thread, 6 µs with 1). A
     served engine runs in its own thread, where a draft-sized model is then 2-3× faster on one
     thread, while a large model still gains from several. Only CPU engines with more than one
-    thread are measured; the pass writes one token into slot 0's cache, which is free at start."""
+    thread are measured; the pass writes one token into slot 0's cache, which is free at start.
+    ``torch.set_num_threads`` also sets MKL's count for the whole process: an application that
+    computes on its main thread next to a BackgroundEngine passes ``pick_threads=False``."""
     n = torch.get_num_threads()
     dev = engine.cache.k[0].device
     if dev.type != "cpu" or n <= 1 or engine.slots[0] is not None:
