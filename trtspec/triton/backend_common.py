@@ -17,6 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from trtspec.errors import TrtspecError
+from trtspec.triton.requests import parse_generation
+
 # One lock per stub process: metric calls from the execute thread, the engine thread and router
 # threads must never overlap.
 METRICS_LOCK = threading.Lock()
@@ -59,9 +62,6 @@ def send_error(pb, sender, message: str, *, invalid_argument: bool = True) -> No
 def parse_or_reject(pb, request, sender, model_name: str):
     """The request's generation inputs, or ``None`` after answering it with an INVALID_ARG error
     that names the input (the model keeps serving)."""
-    from trtspec.errors import TrtspecError
-    from trtspec.triton.requests import parse_generation
-
     try:
         return parse_generation(lambda name: input_array(pb, request, name), check_sampling=False)
     except TrtspecError as e:

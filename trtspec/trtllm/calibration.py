@@ -35,10 +35,10 @@ def _read(source: str) -> list[str]:
     if not path.is_file():
         raise ConfigError(FIELD, source, "calibration file not found", fix="pass an existing .jsonl/.txt file, or builtin")
     raw = path.read_text(encoding="utf-8", errors="replace")
-    if path.suffix != ".jsonl":
-        return [raw] if raw.strip() else []
     if not raw.strip():
         return []
+    if path.suffix != ".jsonl":
+        return [raw]
     from trtspec.prompts import parse_text_jsonl
 
     return parse_text_jsonl(raw, str(path), what="calibration texts")
