@@ -304,3 +304,25 @@ def test_background_engine_picks_the_faster_thread_count_in_its_own_thread(pair,
         bg1.shutdown()
     finally:
         torch.set_num_threads(saved)
+
+
+def test_background_engine_serves_when_the_thread_count_measurement_fails(pair, prompts, monkeypatch):
+    """The measurement runs in the engine thread before its loop: a failure there must leave the
+    configured thread count and a working engine, not a dead thread that never answers."""
+    import threading
+
+    import trtspec.speculative.engine as engine_mod
+
+    def broken(engine):
+        raise RuntimeError("measurement failed")
+
+    monkeypatch.setattr(engine_mod, "pick_thread_count", broken)
+    target, _ = pair
+    bg = engine_mod.BackgroundEngine(Engine(target, None, max_batch_size=1, max_seq_len=400))
+    try:
+        assert bg.threads is None
+        done = threading.Event()
+        bg.submit(prompts[0], SamplingParams(max_new_tokens=4), lambda ev: ev.finished and done.set())
+        assert done.wait(30), "the engine thread died with the measurement"
+    finally:
+        bg.shutdown()

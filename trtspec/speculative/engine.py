@@ -509,6 +509,8 @@ class BackgroundEngine:
         try:
             if self.pick_threads:
                 self.threads = pick_thread_count(self.engine)
+        except Exception:  # noqa: BLE001 - keep the configured count; the loop must run regardless
+            self.threads = None
         finally:
             self._started.set()
         while True:
