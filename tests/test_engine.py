@@ -326,3 +326,26 @@ def test_background_engine_serves_when_the_thread_count_measurement_fails(pair, 
         assert done.wait(30), "the engine thread died with the measurement"
     finally:
         bg.shutdown()
+
+
+def test_fuse_stores_cpu_fp32_weights_input_major_with_the_same_logits(tiny_target):
+    """fuse_ changes only where the weights lie (input-major for MKL's multi-row kernel), never
+    what the model computes: logits match the unfused checkpoint's for decode and verify shapes."""
+    from trtspec.speculative.model import Step
+
+    plain, fused = load_causal_lm(tiny_target), load_causal_lm(tiny_target).fuse_()
+    layer = fused.model.layers[0]
+    for w in (layer.self_attn.fused[0], layer.mlp.fused, layer.self_attn.o_proj.weight,
+              layer.mlp.down_proj.weight, fused.lm_head.weight):
+        assert w.stride() == (1, w.shape[0]), "weight not stored input-major"
+    ids = torch.randint(2, 4000, (1, 40), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        for m in (plain, fused):
+            m._logits = []
+            cache = m.new_cache(1, 64)
+            m(ids[:, :30], cache, Step([0], [0], 30))
+            for T, start in ((1, 30), (5, 31)):
+                m._logits.append(m(ids[:, start:start + T], cache, Step([0], [start], T)))
+    for a, b in zip(plain._logits, fused._logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert fused.model.layers[0].self_attn.q_proj.weight.is_contiguous()  # checkpoint modules untouched

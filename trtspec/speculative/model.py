@@ -96,6 +96,15 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+def _linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``mod(x)`` without ``nn.Module.__call__`` for a plain ``nn.Linear`` (its hook machinery costs
+    a few µs per call, and a 1-layer draft makes ~10 such calls per token); wrapped linears
+    (ModelOpt's QuantLinear, …) go through their own call as usual."""
+    if type(mod) is nn.Linear:
+        return F.linear(x, mod.weight, mod.bias)
+    return mod(x)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -158,7 +167,7 @@ class Attention(nn.Module):
             k = k * cos + rotate_half(k) * sin
         if k_cache is None:  # training / scoring a whole sequence: plain causal attention
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
-            return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+            return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         S = step.kv_len
         if step.uniform and step.contiguous_rows:
             r0, s0 = step.rows[0], step.starts[0]
@@ -175,7 +184,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
         )  # [B, H, T, D]
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
+        return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
 class MLP(nn.Module):
@@ -189,8 +198,8 @@ class MLP(nn.Module):
     def forward(self, x):
         if self.fused is not None:
             gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
-            return self.down_proj(F.silu(gate) * up)
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+            return _linear(self.down_proj, F.silu(gate) * up)
+        return _linear(self.down_proj, F.silu(_linear(self.gate_proj, x)) * _linear(self.up_proj, x))
 
 
 class DecoderLayer(nn.Module):
@@ -202,8 +211,11 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
 
     def forward(self, x, cos, sin, k_cache, v_cache, step, mask, index):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_cache, v_cache, step, mask, index)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        # submodules are called through .forward: the same code (a ModelOpt subclass's own forward
+        # included) without nn.Module.__call__'s overhead; nothing hooks these inner modules
+        h = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, k_cache, v_cache, step, mask, index)
+        x = x + h
+        return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
 class _Body(nn.Module):
@@ -242,7 +254,20 @@ class CausalLM(nn.Module):
     def fuse_(self) -> "CausalLM":
         """Inference speed-up: one matmul for q/k/v and one for gate/up (fewer kernel launches,
         which dominate at draft-model sizes). Skipped for wrapped (e.g. quantized) linears,
-        whose weights must stay in their own modules. Idempotent; returns self."""
+        whose weights must stay in their own modules. Idempotent; returns self.
+
+        On CPU in float32 every plain linear's weight is also stored input-major (``[in, out]``
+        contiguous, seen as the usual ``[out, in]`` through a transposed view): MKL's kernel for
+        the usual layout slows down sharply from 4 rows up: the tiny target's matmuls for 5 rows
+        (verifying 4 draft tokens) cost 2.1x those for one row; input-major 1.3x
+        (``scripts/bench_linear_layout.py``).
+        The values are unchanged; bfloat16 is left alone (input-major is slower there)."""
+        p = self.lm_head.weight
+        input_major = p.device.type == "cpu" and p.dtype == torch.float32
+
+        def layout(w: torch.Tensor) -> torch.Tensor:
+            return w.t().contiguous().t() if input_major and w.is_contiguous() else w
+
         for layer in self.model.layers:
             at, mlp = layer.self_attn, layer.mlp
             projs = (at.q_proj, at.k_proj, at.v_proj, mlp.gate_proj, mlp.up_proj)
@@ -251,8 +276,13 @@ class CausalLM(nn.Module):
             bias = None
             if at.q_proj.bias is not None:
                 bias = torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
-            at.fused = (torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias)
-            mlp.fused = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])
+            at.fused = (layout(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight])), bias)
+            mlp.fused = layout(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]))
+            for lin in (at.o_proj, mlp.down_proj):
+                if type(lin) is nn.Linear:
+                    lin.weight.data = layout(lin.weight.data)
+        if type(self.lm_head) is nn.Linear and not self.args.tie_word_embeddings:
+            self.lm_head.weight.data = layout(self.lm_head.weight.data)
         return self
 
     def unfuse_(self) -> "CausalLM":
@@ -304,16 +334,16 @@ class CausalLM(nn.Module):
         hidden: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):
             kc, vc = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
-            x = layer(x, cos, sin, kc, vc, step, mask, index)
+            x = layer.forward(x, cos, sin, kc, vc, step, mask, index)
             if i in hidden_layers:
                 hidden.append(x)
-        h = self.model.norm(x)
+        h = self.model.norm.forward(x)
         if logits == "none":
             out = None
         elif logits == "last":
-            out = self.lm_head(h[:, -1:])
+            out = _linear(self.lm_head, h[:, -1:])
         else:
-            out = self.lm_head(h)
+            out = _linear(self.lm_head, h)
         if hidden_layers:
             return out, hidden, h
         return out
