@@ -50,7 +50,7 @@ class TinySettings:
     target: Arch = Arch(384, 4, 6, 2, 1152)
     draft: Arch = Arch(256, 1, 4, 2, 768)
     target_steps: int = 240
-    draft_steps: int = 150
+    draft_steps: int = 450
     target_lr: float = 3e-3
     draft_lr: float = 3e-3
     eval_windows: int = 16
