@@ -1,4 +1,4 @@
-"""Shared fixtures. The tiny pair is trained once per machine (cached in ./models, ~4 min)."""
+"""Shared fixtures. The tiny pair is trained once per machine (cached in ./models, ~5 min)."""
 
 from __future__ import annotations
 
