@@ -339,13 +339,12 @@ def test_fuse_stores_cpu_fp32_weights_input_major_with_the_same_logits(tiny_targ
               layer.mlp.down_proj.weight, fused.lm_head.weight):
         assert w.stride() == (1, w.shape[0]), "weight not stored input-major"
     ids = torch.randint(2, 4000, (1, 40), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        for m in (plain, fused):
-            m._logits = []
+    def decode_and_verify_logits(m):
+        with torch.inference_mode():
             cache = m.new_cache(1, 64)
             m(ids[:, :30], cache, Step([0], [0], 30))
-            for T, start in ((1, 30), (5, 31)):
-                m._logits.append(m(ids[:, start:start + T], cache, Step([0], [start], T)))
-    for a, b in zip(plain._logits, fused._logits):
+            return [m(ids[:, start:start + T], cache, Step([0], [start], T)) for T, start in ((1, 30), (5, 31))]
+
+    for a, b in zip(decode_and_verify_logits(plain), decode_and_verify_logits(fused)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert fused.model.layers[0].self_attn.q_proj.weight.is_contiguous()  # checkpoint modules untouched

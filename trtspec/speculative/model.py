@@ -213,8 +213,7 @@ class DecoderLayer(nn.Module):
     def forward(self, x, cos, sin, k_cache, v_cache, step, mask, index):
         # submodules are called through .forward: the same code (a ModelOpt subclass's own forward
         # included) without nn.Module.__call__'s overhead; nothing hooks these inner modules
-        h = self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, k_cache, v_cache, step, mask, index)
-        x = x + h
+        x = x + self.self_attn.forward(self.input_layernorm.forward(x), cos, sin, k_cache, v_cache, step, mask, index)
         return x + self.mlp.forward(self.post_attention_layernorm.forward(x))
 
 
@@ -262,8 +261,8 @@ class CausalLM(nn.Module):
         (verifying 4 draft tokens) cost 2.1x those for one row; input-major 1.3x
         (``scripts/bench_linear_layout.py``).
         The values are unchanged; bfloat16 is left alone (input-major is slower there)."""
-        p = self.lm_head.weight
-        input_major = p.device.type == "cpu" and p.dtype == torch.float32
+        head = self.lm_head.weight
+        input_major = head.device.type == "cpu" and head.dtype == torch.float32
 
         def layout(w: torch.Tensor) -> torch.Tensor:
             return w.t().contiguous().t() if input_major and w.is_contiguous() else w
