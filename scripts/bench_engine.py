@@ -5,7 +5,8 @@ Configurations, all greedy, batch 1, the same prompts and max tokens:
   (a) ours, plain decoding            (b) HF generate()
   (c) HF assisted generation          (assistant_model=draft; default schedule and constant K)
   (d) HF prompt lookup                (prompt_lookup_num_tokens=K)
-  (e) ours, draft-target              (f) ours, EAGLE-3 head (if a head folder exists)
+  (e) ours, draft-target              (e8) the same, the draft's linears in INT8 (W8A16)
+  (f) ours, EAGLE-3 head (if a head folder exists)
   (g) ours, n-gram prompt lookup
 Every configuration runs ``--repeats`` times, interleaved (a, b, …, g, a, b, …) so machine noise
 hits all of them alike; the best repeat is reported (the run least disturbed by noise), the median
@@ -80,6 +81,7 @@ def main() -> int:
 
     target = load_causal_lm(tdir, dtype=dtype).fuse_()
     draft = load_causal_lm(ddir, dtype=dtype).fuse_()
+    draft_w8 = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # runtime.draft_weight_only: int8
     hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
     hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=dtype).eval()
     greedy = SamplingParams(max_new_tokens=max_new, ignore_eos=False)
@@ -138,6 +140,7 @@ def main() -> int:
         "c4": (f"HF assisted (constant K={k})", hf_assisted(k)),
         "d": (f"HF prompt lookup (K={k})", hf(prompt_lookup_num_tokens=k)),
         "e": (f"ours draft-target (K={k})", ours(lambda: DraftModelProposer(draft, 1, max_len + k + 4))),
+        "e8": (f"ours draft-target, INT8 draft (K={k})", ours(lambda: DraftModelProposer(draft_w8, 1, max_len + k + 4))),
         "g": (f"ours n-gram (K={k})", ours(lambda: NgramProposer(3, 1))),
     }
     if head is not None and (head / "config.json").is_file():
@@ -189,10 +192,11 @@ def main() -> int:
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
         "rows": rows,
     }
-    if "e" in results:
-        summary["draft_target_vs_plain"] = round(max(results["e"]["tok_s"]) / base, 3)
-        if hf_assist_best:
-            summary["draft_target_vs_hf_assisted_best"] = round(max(results["e"]["tok_s"]) / hf_assist_best, 3)
+    for key, label in (("e", "draft_target"), ("e8", "draft_target_int8_draft")):
+        if key in results:
+            summary[f"{label}_vs_plain"] = round(max(results[key]["tok_s"]) / base, 3)
+            if hf_assist_best:
+                summary[f"{label}_vs_hf_assisted_best"] = round(max(results[key]["tok_s"]) / hf_assist_best, 3)
     out_dir = pathlib.Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"engine_{pair}" + (f"_k{args.max_draft_len}" if args.max_draft_len else "")
@@ -209,9 +213,10 @@ def main() -> int:
         md.append(f"| {row['config']} | {row['tok_s_best']} | {row['tok_s_median']} | {row['speedup_vs_ours_plain']}× | "
                   f"{ar if ar == '' else f'{ar:.2f}'} | {al if al == '' else f'{al:.2f}'} | {row['identical_to_ours_plain']} |")
     md += ["", "Acceptance length for HF rows is tokens per target forward (HF does not report acceptance).", ""]
-    if "draft_target_vs_hf_assisted_best" in summary:
-        md.append(f"Draft-target vs plain: **{summary['draft_target_vs_plain']}×**; vs the best HF assisted "
-                  f"configuration: **{summary['draft_target_vs_hf_assisted_best']}×**.")
+    for label, what in (("draft_target", "Draft-target"), ("draft_target_int8_draft", "Draft-target with the INT8 draft")):
+        if f"{label}_vs_hf_assisted_best" in summary:
+            md.append(f"{what} vs plain: **{summary[f'{label}_vs_plain']}×**; vs the best HF assisted "
+                      f"configuration: **{summary[f'{label}_vs_hf_assisted_best']}×**.")
     (out_dir / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
     return 0

@@ -348,3 +348,63 @@ def test_fuse_stores_cpu_fp32_weights_input_major_with_the_same_logits(tiny_targ
     for a, b in zip(decode_and_verify_logits(plain), decode_and_verify_logits(fused)):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
     assert fused.model.layers[0].self_attn.q_proj.weight.is_contiguous()  # checkpoint modules untouched
+
+
+def test_int8_linear_is_per_channel_weight_only_quantization():
+    """Int8Linear stores round(W / s) with ModelOpt int8_wo's per-channel scales s = max|row| / 127
+    and computes x @ (q * s)^T + b; the only other error is bf16 rounding of the activations."""
+    from trtspec.speculative.model import Int8Linear
+
+    g = torch.Generator().manual_seed(0)
+    w, b, x = torch.randn(96, 64, generator=g), torch.randn(96, generator=g), torch.randn(3, 5, 64, generator=g)
+    q = Int8Linear(w, b)
+    ref_scales = w.abs().amax(1) / 127
+    assert q.qweight.dtype == torch.int8
+    assert torch.equal(q.qweight.float(), torch.round(w / q.scales.float()[:, None]).clamp(-127, 127))
+    torch.testing.assert_close(q.scales.float(), ref_scales, rtol=1e-2, atol=0)  # kept in bf16
+    y = q(x)
+    assert y.shape == (3, 5, 96) and y.dtype == torch.float32
+    exact = x @ q.dequantized().T + b
+    torch.testing.assert_close(y, exact, rtol=0, atol=0.02 * exact.abs().max().item())
+
+
+def test_int8_weight_only_draft_stays_token_identical(tiny_models, pair, prompts, plain_outputs):
+    """runtime.draft_weight_only: int8 changes what the draft proposes, never what is emitted."""
+    from trtspec.speculative.model import Int8Linear
+
+    target, draft = pair
+    d8 = load_causal_lm(tiny_models[1]).quantize_weight_only_()
+    assert type(d8.lm_head) is Int8Linear and type(d8.model.layers[0].mlp.fused) is Int8Linear
+    eng = Engine(target, DraftModelProposer(d8, 8, 1100), max_draft_len=4, max_batch_size=8)
+    outs = eng.generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs
+    agg8 = Aggregate()
+    for o in outs:
+        agg8.add(o.stats)
+    ref = Engine(target, DraftModelProposer(draft, 8, 1100), max_draft_len=4, max_batch_size=8).generate(prompts[:16], GREEDY)
+    agg = Aggregate()
+    for o in ref:
+        agg.add(o.stats)
+    assert agg8.acceptance_length > 1.2
+    assert abs(agg8.acceptance_rate - agg.acceptance_rate) < 0.1  # INT8 per-channel barely moves the draft
+
+
+def test_int8_weight_only_refuses_a_modelopt_model_and_unfuse():
+    from trtspec.errors import ModelError
+    from trtspec.speculative.model import CausalLM
+
+    args = ModelArgs(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+                     num_key_value_heads=2, head_dim=8, rms_norm_eps=1e-6, rope_theta=10000.0,
+                     max_position_embeddings=128, tie_word_embeddings=True, attention_bias=True)
+    m = CausalLM(args).eval().quantize_weight_only_()
+    with pytest.raises(ModelError, match="cannot be unfused"):
+        m.unfuse_()
+    assert m(torch.tensor([[1, 2, 3]]), None).shape == (1, 3, 64)  # tied head + qkv bias run in INT8
+
+    class QuantLinear(nn.Linear):  # what ModelOpt's wrappers are called
+        pass
+
+    m2 = CausalLM(args).eval()
+    m2.model.layers[0].mlp.down_proj = QuantLinear(64, 32, bias=False)
+    with pytest.raises(ModelError, match="already quantized"):
+        m2.quantize_weight_only_()

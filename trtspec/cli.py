@@ -292,6 +292,8 @@ def _runtime_options(fn):
         click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's)."),
         click.option("--adaptive/--no-adaptive", default=False, show_default=True,
                      help="Shrink/stop drafting when rolling acceptance falls below break-even."),
+        click.option("--draft-weight-only", type=click.Choice(["none", "int8"]), default="none", show_default=True,
+                     help="Run the draft model's linear layers with INT8 weights (W8A16); outputs do not change."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -299,7 +301,7 @@ def _runtime_options(fn):
 
 
 def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-                  max_batch_size=1, max_seq_len=2048):
+                  draft_weight_only="none", max_batch_size=1, max_seq_len=2048):
     from trtspec.speculative.runtime import RuntimeSpec
 
     if method is None:
@@ -310,7 +312,11 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
         raise click.UsageError("--method eagle3 needs --head DIR")
     if draft and method not in ("draft_target",):
         raise click.UsageError(f"--draft is only used with --method draft_target (got --method {method})")
+    if draft_weight_only != "none" and method != "draft_target":
+        raise click.UsageError(f"--draft-weight-only {draft_weight_only} needs a draft model (--draft DIR); "
+                               f"got --method {method}")
     return RuntimeSpec(
+        draft_weight_only=draft_weight_only,
         target=target, method=method, draft=draft or head, max_draft_len=max_draft_len,
         max_matching_ngram_size=ngram_size, dtype=dtype, device=device, torch_threads=threads,
         adaptive=adaptive, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
@@ -328,7 +334,7 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @handle_errors
 def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-             prompt, max_new_tokens, temperature, top_k, top_p, seed, as_json):
+             draft_weight_only, prompt, max_new_tokens, temperature, top_k, top_p, seed, as_json):
     """Generate with the torch runtime: plain decoding, or speculation with a draft model, an
     EAGLE-3 head or n-gram prompt lookup. Greedy speculation is token-identical to plain decoding."""
     from transformers import AutoTokenizer
@@ -336,7 +342,8 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
     from trtspec.speculative.runtime import build_engine
     from trtspec.speculative.sampling import SamplingParams
 
-    spec = _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive)
+    spec = _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
+                         draft_weight_only)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = build_engine(spec)
     tok = AutoTokenizer.from_pretrained(target)
@@ -350,6 +357,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
         "verify_s": round(st.verify_s, 6), "tokens_per_s": round(st.tokens_per_s, 2),
         "target_passes": st.steps, "ttft_s": round(st.ttft_s, 6), "finish_reason": g.finish_reason,
         "method": spec.method, "max_draft_len": spec.max_draft_len if spec.method != "none" else 0,
+        "draft_weight_only": spec.draft_weight_only,
     }
     if as_json:
         click.echo(json.dumps({"token_ids": g.token_ids, "text": text, "stats": stats}))
@@ -370,7 +378,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-         prompt_source, num_prompts, max_new_tokens, k_max, as_json):
+         draft_weight_only, prompt_source, num_prompts, max_new_tokens, k_max, as_json):
     """Recommend max_draft_len from measured per-position acceptance α_i, draft cost c and verify cost v_k.
 
     Expected speedup S(k) = (1 + Σ_{i≤k} Π_{j≤i} α_j) / (k·c + v_k)  (Leviathan et al., generalised).
@@ -381,7 +389,8 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
     from trtspec.speculative.runtime import build_engine
     from trtspec.speculative.tune import tune as run_tune
 
-    spec = _runtime_spec(target, draft, method, head, k_max, ngram_size, dtype, device, threads, False)
+    spec = _runtime_spec(target, draft, method, head, k_max, ngram_size, dtype, device, threads, False,
+                         draft_weight_only)
     if spec.method == "none":
         raise click.UsageError("tune needs a proposer: --draft DIR, --method ngram or --method eagle3 --head DIR")
     engine = build_engine(spec)

@@ -343,6 +343,12 @@ class RuntimeConfig(Strict):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     gpu_arch: GpuArch = Field("any", description="deployment GPU family; gates nvfp4 (Blackwell only)")
     torch_threads: int | None = Field(None, ge=1, le=1024)
+    draft_weight_only: Literal["none", "int8"] = Field(
+        "none",
+        description="torch runtime, draft_target: run the draft model's linear layers with INT8 weights "
+        "(W8A16, per-channel scales as ModelOpt int8_wo): about a quarter of the weight bytes per draft "
+        "token; the unquantized target still verifies every token, so outputs do not change",
+    )
     adaptive: Adaptive = Adaptive()
     trtllm: TrtllmOptions = TrtllmOptions()
 
@@ -471,6 +477,14 @@ class Recipe(Strict):
                 "limits.pipeline_parallel_size",
                 self.limits.pipeline_parallel_size,
                 "EAGLE does not support pipeline parallelism; use tensor parallelism instead",
+            )
+        if self.runtime.draft_weight_only != "none" and (method != "draft_target" or backend != "torch"):
+            raise _FieldProblem(
+                "runtime.draft_weight_only",
+                self.runtime.draft_weight_only,
+                f"applies to a draft model in the torch runtime (speculation.method draft_target, "
+                f"runtime.backend torch), not to method '{method}' on '{backend}'; set it to none, or quantize "
+                "the draft with speculation.draft.quantization for TRT-LLM",
             )
         if backend == "torch" and self.limits.world_size > 1:
             raise _FieldProblem(

@@ -96,12 +96,50 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(dtype)
 
 
+class Int8Linear(nn.Module):
+    """A linear layer with INT8 weights, one scale per output channel (W8A16, "weight-only").
+
+    The scales are ModelOpt's ``int8_wo`` / TRT-LLM's ``--weight_only_precision int8`` rule:
+    ``scale = max|w_row| / 127``, ``q = round(w / scale)``. On CPU the matmul runs in torch's
+    INT8-weight kernel (``aten._weight_int8pack_mm``, bfloat16 activations): the weights are read
+    as 1 byte instead of 4, which is what a memory-bound decode step pays for. Elsewhere the
+    weights are dequantized on the fly. Inference only.
+    """
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        w = weight.detach().float()
+        # the kernel takes the scales in the activation dtype (bf16); quantize with the bf16 scales
+        # so that qweight * scales is exactly the grid the kernel computes with
+        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.bfloat16)
+        self.register_buffer("qweight", torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8).contiguous())
+        self.register_buffer("scales", scales)
+        self.bias = None if bias is None else bias.detach().clone()
+        self.on_cpu = weight.device.type == "cpu"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if self.on_cpu:
+            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+        else:
+            y = F.linear(x2, self.qweight.to(torch.bfloat16)) * self.scales
+        y = y.to(x.dtype).view(*lead, -1)
+        return y if self.bias is None else y + self.bias
+
+    def dequantized(self) -> torch.Tensor:
+        return self.qweight.float() * self.scales.float()[:, None]
+
+
 def _linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``mod(x)`` without ``nn.Module.__call__`` for a plain ``nn.Linear`` (its hook machinery costs
-    a few µs per call, and a 1-layer draft makes ~10 such calls per token); wrapped linears
-    (ModelOpt's QuantLinear, …) go through their own call as usual."""
-    if type(mod) is nn.Linear:
+    """``mod(x)`` without ``nn.Module.__call__`` for a plain ``nn.Linear`` or an :class:`Int8Linear`
+    (the hook machinery costs a few µs per call, and a 1-layer draft makes ~10 such calls per
+    token); wrapped linears (ModelOpt's QuantLinear, …) go through their own call as usual."""
+    t = type(mod)
+    if t is nn.Linear:
         return F.linear(x, mod.weight, mod.bias)
+    if t is Int8Linear:
+        return mod.forward(x)
     return mod(x)
 
 
@@ -149,13 +187,16 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=a.attention_bias)
         self.v_proj = nn.Linear(a.hidden_size, a.num_key_value_heads * a.head_dim, bias=a.attention_bias)
         self.o_proj = nn.Linear(a.num_attention_heads * a.head_dim, a.hidden_size, bias=False)
-        self.fused: tuple[torch.Tensor, torch.Tensor | None] | None = None  # see CausalLM.fuse_
+        # see CausalLM.fuse_: (weight, bias) of q|k|v in one matmul, or that matmul in INT8
+        self.fused: tuple[torch.Tensor, torch.Tensor | None] | Int8Linear | None = None
 
     def forward(self, x, cos, sin, k_cache, v_cache, step: Step, mask, index):
         B, T, _ = x.shape  # x: [B, T, hidden]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         if self.fused is not None:
-            qkv = F.linear(x, *self.fused).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, T, D]
+            f = self.fused
+            qkv = F.linear(x, *f) if type(f) is tuple else f.forward(x)
+            qkv = qkv.view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, T, D]
             qk, v = qkv[:, : H + Hkv], qkv[:, H + Hkv :]
             qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one pass
             q, k = qk[:, :H], qk[:, H:]
@@ -193,11 +234,12 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
         self.up_proj = nn.Linear(a.hidden_size, a.intermediate_size, bias=False)
         self.down_proj = nn.Linear(a.intermediate_size, a.hidden_size, bias=False)
-        self.fused: torch.Tensor | None = None  # see CausalLM.fuse_
+        self.fused: torch.Tensor | Int8Linear | None = None  # see CausalLM.fuse_
 
     def forward(self, x):
-        if self.fused is not None:
-            gate, up = F.linear(x, self.fused).chunk(2, dim=-1)
+        f = self.fused
+        if f is not None:
+            gate, up = (F.linear(x, f) if type(f) is torch.Tensor else f.forward(x)).chunk(2, dim=-1)
             return _linear(self.down_proj, F.silu(gate) * up)
         return _linear(self.down_proj, F.silu(_linear(self.gate_proj, x)) * _linear(self.up_proj, x))
 
@@ -236,6 +278,7 @@ class CausalLM(nn.Module):
         if args.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope_len = 0
+        self.weight_only: str | None = None  # "int8" after quantize_weight_only_
 
     # ---- rope tables (HF convention: cos/sin of cat(freqs, freqs))
     def _rope(self, n: int, device, dtype):
@@ -261,8 +304,8 @@ class CausalLM(nn.Module):
         (verifying 4 draft tokens) cost 2.1x those for one row; input-major 1.3x
         (``scripts/bench_linear_layout.py``).
         The values are unchanged; bfloat16 is left alone (input-major is slower there)."""
-        head = self.lm_head.weight
-        input_major = head.device.type == "cpu" and head.dtype == torch.float32
+        emb = self.model.embed_tokens.weight
+        input_major = emb.device.type == "cpu" and emb.dtype == torch.float32
 
         def layout(w: torch.Tensor) -> torch.Tensor:
             return w.t().contiguous().t() if input_major and w.is_contiguous() else w
@@ -284,14 +327,48 @@ class CausalLM(nn.Module):
             self.lm_head.weight.data = layout(self.lm_head.weight.data)
         return self
 
+    @torch.no_grad()
+    def quantize_weight_only_(self) -> "CausalLM":
+        """Run every linear layer (the LM head included) with INT8 weights (:class:`Int8Linear`).
+
+        For a *draft* model: a draft token then reads about a quarter of the weight bytes, while
+        the verifier (the unquantized target) still decides every emitted token, so outputs stay
+        exactly the target's; only acceptance can move (``scripts/bench_engine.py`` shows both).
+        Fuses first; a model with ModelOpt-wrapped linears is refused (it is already quantized).
+        Not reversible: the fp weights of the replaced layers are dropped."""
+        if any(type(m).__name__.startswith("Quant") for m in self.modules()):
+            raise ModelError(
+                "this model is already quantized by ModelOpt; INT8 weight-only would quantize it twice",
+                fix="drop runtime.draft_weight_only, or use the unquantized checkpoint",
+            )
+        self.fuse_()
+        for layer in self.model.layers:
+            at, mlp = layer.self_attn, layer.mlp
+            w, b = at.fused
+            at.fused = Int8Linear(w, b)
+            mlp.fused = Int8Linear(mlp.fused, None)
+            at.o_proj = Int8Linear(at.o_proj.weight, at.o_proj.bias)
+            mlp.down_proj = Int8Linear(mlp.down_proj.weight, None)
+            for name in ("q_proj", "k_proj", "v_proj"):  # only the fused copy is used from now on
+                setattr(at, name, nn.Identity())
+            mlp.gate_proj, mlp.up_proj = nn.Identity(), nn.Identity()
+        if not self.args.tie_word_embeddings:
+            self.lm_head = Int8Linear(self.lm_head.weight, None)
+        else:  # the embedding keeps its fp weights; the head gets its own INT8 copy
+            self.lm_head = Int8Linear(self.model.embed_tokens.weight, None)
+        self.weight_only = "int8"
+        return self
+
     def unfuse_(self) -> "CausalLM":
+        if self.weight_only:
+            raise ModelError("an INT8 weight-only model cannot be unfused", fix="load the checkpoint again")
         for layer in self.model.layers:
             layer.self_attn.fused = None
             layer.mlp.fused = None
         return self
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        p = self.lm_head.weight
+        p = self.model.embed_tokens.weight
         return KVCache(self.args, batch, max_len, p.dtype, p.device)
 
     def forward(
@@ -307,7 +384,7 @@ class CausalLM(nn.Module):
         dev = input_ids.device
         if cache is None:  # whole sequences from position 0, no cache (training, scoring)
             step = Step(list(range(B)), [0] * B, T)
-        cos_t, sin_t = self._rope(step.kv_len, dev, self.lm_head.weight.dtype)
+        cos_t, sin_t = self._rope(step.kv_len, dev, self.model.embed_tokens.weight.dtype)
         if step.uniform:  # every row at the same positions: slice the tables, no gather
             s0 = step.starts[0]
             cos, sin = cos_t[s0 : s0 + T][None, None], sin_t[s0 : s0 + T][None, None]  # [1, 1, T, D]

@@ -66,7 +66,7 @@ class DraftModelProposer:
         self.cache = model.new_cache(max_slots, max_len)
         self.valid = [0] * max_slots
         self.written = [0] * max_slots  # draft positions written past valid in the last round
-        self.device = model.lm_head.weight.device
+        self.device = model.model.embed_tokens.weight.device
 
     @torch.inference_mode()
     def prefill(self, slot, seq, target_hidden=None):

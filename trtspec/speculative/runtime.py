@@ -37,6 +37,7 @@ class RuntimeSpec:
     adaptive_window: int = 64
     min_acceptance_rate: float | None = None
     torch_threads: int | None = None
+    draft_weight_only: str = "none"  # none | int8: see CausalLM.quantize_weight_only_
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -45,6 +46,16 @@ class RuntimeSpec:
     @classmethod
     def from_json(cls, text: str) -> "RuntimeSpec":
         return cls(**json.loads(text))
+
+    def __post_init__(self):
+        if self.draft_weight_only not in ("none", "int8"):
+            raise TrtspecError(f"draft_weight_only: unknown value {self.draft_weight_only!r}", fix="use none or int8")
+        if self.draft_weight_only != "none" and self.method != "draft_target":
+            raise TrtspecError(
+                f"draft_weight_only={self.draft_weight_only} applies to a draft model (method draft_target), "
+                f"not to method {self.method!r}",
+                fix="drop it, or use --method draft_target --draft DIR",
+            )
 
     @classmethod
     def from_recipe(cls, recipe, *, target: str | None = None, draft: str | None = None) -> "RuntimeSpec":
@@ -66,6 +77,7 @@ class RuntimeSpec:
             adaptive_window=recipe.runtime.adaptive.window,
             min_acceptance_rate=recipe.runtime.adaptive.min_acceptance_rate,
             torch_threads=recipe.runtime.torch_threads,
+            draft_weight_only=recipe.runtime.draft_weight_only,
         )
 
 
@@ -77,16 +89,24 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
-def load_model(folder: str, dtype: torch.dtype, device: torch.device) -> CausalLM:
-    """Load a model folder; a trtspec quantized export restores its ModelOpt state (fake-quant)."""
+def load_model(folder: str, dtype: torch.dtype, device: torch.device, weight_only: str = "none") -> CausalLM:
+    """Load a model folder; a trtspec quantized export restores its ModelOpt state (fake-quant).
+    ``weight_only="int8"`` runs the linear layers with INT8 weights (drafts only: see RuntimeSpec)."""
     from trtspec.manifest import maybe_manifest
 
     m = maybe_manifest(folder)
     if m and m.get("kind") == "quantized":  # a torch export loads; an hf/trtllm export is refused, with the fix
+        if weight_only != "none":
+            raise ModelError(
+                f"{folder} is already quantized ({m.get('format', 'ModelOpt')}); draft_weight_only={weight_only} "
+                "would quantize it twice",
+                fix="set runtime.draft_weight_only: none, or point at the unquantized draft",
+            )
         from trtspec.quantize.runtime import load_quantized  # lazy: imports modelopt
 
         return load_quantized(folder, dtype=dtype, device=device)
-    return load_causal_lm(folder, dtype=dtype, device=device).fuse_()
+    model = load_causal_lm(folder, dtype=dtype, device=device).fuse_()
+    return model.quantize_weight_only_() if weight_only == "int8" else model
 
 
 @register("draft_target")
@@ -94,7 +114,7 @@ def _draft_target(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Propose
     if not spec.draft:
         raise ModelError("draft_target needs a draft model folder", fix="set speculation.draft.model")
     # draft tokens are compared as ids, so a padded embedding (vocab_size differs, ids agree) is fine
-    draft = load_model(spec.draft, dtype, device)
+    draft = load_model(spec.draft, dtype, device, spec.draft_weight_only)
     return DraftModelProposer(draft, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2)
 
 
