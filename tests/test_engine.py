@@ -408,3 +408,29 @@ def test_int8_weight_only_refuses_a_modelopt_model_and_unfuse():
     m2.model.layers[0].mlp.down_proj = QuantLinear(64, 32, bias=False)
     with pytest.raises(ModelError, match="already quantized"):
         m2.quantize_weight_only_()
+
+
+def test_draft_warm_start_keeps_the_targets_token_geometry():
+    """warm_start_from_target: at full width the projection is a rotation, so the draft's
+    embedding-to-head products equal the target's; a narrower draft keeps the top directions;
+    a wider one is refused."""
+    from trtspec.models.tiny import warm_start_from_target
+    from trtspec.speculative.model import CausalLM
+
+    def lm(hidden, seed):
+        torch.manual_seed(seed)
+        a = ModelArgs(vocab_size=96, hidden_size=hidden, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=2, num_key_value_heads=2, head_dim=hidden // 2, rms_norm_eps=1e-6,
+                      rope_theta=10000.0, max_position_embeddings=64, tie_word_embeddings=False, attention_bias=False)
+        return CausalLM(a)
+
+    target = lm(32, 0)
+    full, narrow = lm(32, 1), lm(16, 2)
+    warm_start_from_target(full, target)
+    e, h = target.model.embed_tokens.weight, target.lm_head.weight
+    torch.testing.assert_close(full.model.embed_tokens.weight @ full.lm_head.weight.T, e @ h.T, rtol=1e-4, atol=1e-4)
+    warm_start_from_target(narrow, target)
+    gram = narrow.model.embed_tokens.weight @ narrow.lm_head.weight.T
+    assert 0.3 < torch.nn.functional.cosine_similarity(gram.flatten(), (e @ h.T).flatten(), dim=0) < 1.0
+    with pytest.raises(ValueError, match="no wider"):
+        warm_start_from_target(lm(64, 3), target)

@@ -3,8 +3,10 @@
 Corpus: the Python standard library's own ``*.py`` files (ships with every Python). A byte-level
 BPE tokenizer (vocab 4096) is trained on them; then a Llama target (~10M parameters) is trained on
 next-token prediction, and a 1-layer Llama draft (~3M) is *distilled* on the target's output
-distribution (KL to the teacher): training the draft on the data alone gives much lower top-1
-agreement with the target (reference/models.md), and agreement is what speculation pays on.
+distribution (KL to the teacher, plus cross-entropy on the teacher's argmax), starting from the
+target's embedding and LM head projected to the draft's width: training the draft on the data
+alone gives much lower top-1 agreement with the target (reference/models.md), and agreement is
+what speculation pays on.
 
 Deterministic for a given seed, thread count and machine; the result is cached: re-running with
 the same settings returns the existing folders (their manifest records the settings hash).
@@ -51,12 +53,21 @@ class TinySettings:
     draft: Arch = Arch(256, 1, 4, 2, 768)
     target_steps: int = 240
     draft_steps: int = 450
+    # draft warm start: embedding and LM head = the target's projected onto their top principal
+    # directions (a draft narrower than the target cannot share them as they are)
+    draft_init: str = "target_pca"  # or "random"
+    # weight of cross-entropy on the target's argmax next to the KL: greedy acceptance pays on top-1
+    draft_top1_weight: float = 0.5
     target_lr: float = 3e-3
     draft_lr: float = 3e-3
     eval_windows: int = 16
     threads: int = 2
     max_position_embeddings: int = 2048
     heldout_every: int = 16  # every 16th stdlib file is held out for evaluation
+
+    def __post_init__(self):
+        if self.draft_init not in ("target_pca", "random"):
+            raise ValueError(f"draft_init: unknown value {self.draft_init!r}; use target_pca or random")
 
     def key(self) -> str:
         return hash_json(asdict(self))[:16]
@@ -214,6 +225,23 @@ def top1_agreement(target, draft, windows: torch.Tensor) -> float:
     return float((t == d).float().mean())
 
 
+@torch.no_grad()
+def warm_start_from_target(draft: CausalLM, target: CausalLM) -> None:
+    """Start the draft's token geometry where the target's is: its embedding and LM head are the
+    target's projected onto the top ``draft_hidden`` right-singular vectors P of [embedding; head]
+    (``E_t @ P``, ``H_t @ P``), and its final-norm gains the target's averaged through ``|P|``.
+    Measured on the tiny pair (450 steps, with the top-1 term): acceptance length at K=4 3.44 -> 3.75."""
+    e, h = target.model.embed_tokens.weight, target.lm_head.weight
+    d = draft.args.hidden_size
+    if d > e.shape[1] or draft.args.vocab_size != target.args.vocab_size:
+        raise ValueError("warm start needs a draft no wider than the target, with the same vocabulary")
+    _, _, vh = torch.linalg.svd(torch.cat([e, h]).float(), full_matrices=False)
+    p = vh[:d].T  # [target_hidden, draft_hidden]
+    draft.model.embed_tokens.weight.copy_(e @ p)
+    draft.lm_head.weight.copy_(h @ p)
+    draft.model.norm.weight.copy_(target.model.norm.weight @ p.abs() / p.abs().sum(0))
+
+
 def save_hf(model: CausalLM, tokenizer, folder: pathlib.Path) -> None:
     """Write an ordinary HF Llama checkpoint folder (config.json, model.safetensors, tokenizer)."""
     from safetensors.torch import save_file
@@ -287,15 +315,23 @@ def make_tiny_models(
             p.requires_grad_(False)
 
         def distill(model, x):
-            # KL(target || draft) over the full next-token distribution, teacher-forced
+            # KL(target || draft) over the full next-token distribution, teacher-forced, plus
+            # cross-entropy on the target's argmax (what greedy verification accepts)
             inp = x[:, :-1]
             with torch.no_grad():
-                teacher = F.log_softmax(target(inp, None), -1)
+                teacher_logits = target(inp, None)
+                teacher = F.log_softmax(teacher_logits, -1)
             student = F.log_softmax(model(inp, None), -1)
-            return F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
+            loss = F.kl_div(student.flatten(0, 1), teacher.flatten(0, 1), log_target=True, reduction="batchmean")
+            if settings.draft_top1_weight:
+                top1 = F.nll_loss(student.flatten(0, 1), teacher_logits.argmax(-1).flatten())
+                loss = loss + settings.draft_top1_weight * top1
+            return loss
 
         draft = CausalLM(_model_args(settings.draft, settings, eos))
         _init(draft, settings.seed + 1)
+        if settings.draft_init == "target_pca":
+            warm_start_from_target(draft, target)
         d_s = _train(draft, settings.draft_steps, settings.draft_lr, batches, distill, progress, "draft")
 
         agreement = top1_agreement(target, draft, heldout[:, :-1])
