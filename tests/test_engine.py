@@ -434,3 +434,32 @@ def test_draft_warm_start_keeps_the_targets_token_geometry():
     assert 0.3 < torch.nn.functional.cosine_similarity(gram.flatten(), (e @ h.T).flatten(), dim=0) < 1.0
     with pytest.raises(ValueError, match="no wider"):
         warm_start_from_target(lm(64, 3), target)
+
+
+def test_generate_cli_prints_one_json_object(tiny_models):
+    """`trtspec generate --json`: token_ids (generated only), text and stats; speculation (with
+    the INT8 draft too) emits exactly plain decoding's tokens; a bad flag combination exits 2."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    t, d = (str(p) for p in tiny_models)
+    base = ["generate", "--target", t, "--prompt", "def parse(self, text):", "--max-new-tokens", "24",
+            "--threads", "2", "--json"]
+    runs = {}
+    for name, extra in (("plain", []), ("draft", ["--draft", d]), ("int8", ["--draft", d, "--draft-weight-only", "int8"])):
+        r = CliRunner().invoke(main, base + extra)
+        assert r.exit_code == 0, r.output
+        runs[name] = json.loads(r.output)
+    assert len(runs["plain"]["token_ids"]) == 24 or runs["plain"]["stats"]["finish_reason"] == "stop"
+    assert runs["draft"]["token_ids"] == runs["plain"]["token_ids"] == runs["int8"]["token_ids"]
+    assert runs["plain"]["text"] and runs["plain"]["stats"]["drafted"] == 0
+    st = runs["int8"]["stats"]
+    assert {"drafted", "accepted", "acceptance_rate", "acceptance_length", "draft_s", "verify_s",
+            "tokens_per_s"} <= set(st)
+    assert st["draft_weight_only"] == "int8" and st["drafted"] > 0 and st["acceptance_length"] > 1
+    bad = CliRunner().invoke(main, ["generate", "--target", t, "--method", "ngram", "--draft-weight-only", "int8",
+                                    "--prompt", "x"])
+    assert bad.exit_code == 2 and "--draft-weight-only" in bad.output
