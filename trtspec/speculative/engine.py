@@ -216,7 +216,8 @@ class Engine:
     def _propose(self, rows: list[int], slots: list[_Slot], ks: list[int]):
         """Draft tokens for every row: the proposer's, or the request's external draft.
 
-        Returns (tokens [B, K], per-row draft distributions (None = point mass), lens [B]).
+        Returns (tokens [B, K], per-row draft distributions (None = point mass), lens [B], and
+        lens as a list).
         """
         B = len(rows)
         drafts: list[list[int]] = [[] for _ in range(B)]
@@ -227,9 +228,9 @@ class Engine:
                 [rows[b] for b in own], [slots[b].seq for b in own], [ks[b] for b in own],
                 [slots[b].req.params for b in own], [slots[b].generator for b in own],
             )
-            toks = prop.tokens.tolist()
+            toks, prop_lens = prop.tokens.tolist(), prop.lens.tolist()
             for i, b in enumerate(own):
-                n = int(prop.lens[i])
+                n = prop_lens[i]
                 drafts[b] = toks[i][:n]
                 if prop.probs is not None:
                     probs[b] = prop.probs[i, :n]
@@ -239,8 +240,8 @@ class Engine:
                 s.external = None
         K = max((len(d) for d in drafts), default=0)
         tokens = torch.tensor([d + [0] * (K - len(d)) for d in drafts], dtype=torch.long, device=self.device)
-        lens = torch.tensor([len(d) for d in drafts], device=self.device)
-        return tokens.view(B, K), probs, lens
+        n_drafted = [len(d) for d in drafts]
+        return tokens.view(B, K), probs, torch.tensor(n_drafted, device=self.device), n_drafted
 
     @torch.inference_mode()
     def step(self) -> list[Event]:
@@ -254,7 +255,7 @@ class Engine:
         t0 = time.perf_counter()
 
         # 1. propose
-        draft_tokens, draft_probs, lens = self._propose(rows, slots, ks)  # [B, K], per-row q, [B]
+        draft_tokens, draft_probs, lens, n_drafted = self._propose(rows, slots, ks)  # [B, K], per-row q, [B]
         _sync(self.device)
         t1 = time.perf_counter()
 
@@ -277,7 +278,7 @@ class Engine:
             if greedy[b]:
                 accepted[b], nexts[b] = n_g[b], next_g[b]
             else:
-                k_b = int(lens[b])
+                k_b = n_drafted[b]
                 v = self.verify_sampled_fn(
                     draft_tokens[b, :k_b], draft_probs[b], logits[b, : k_b + 1], s.req.params, s.generator
                 )
@@ -300,10 +301,10 @@ class Engine:
         # drafting (without a proposer a step is ordinary decoding: draft time 0)
         draft_s = (t1 - t0 + (t3 - t2)) if self.proposer is not None and K > 0 else 0.0
         verify_s = t2 - t1
-        self._measure(draft_s, verify_s, K, int(lens.sum()))
+        self._measure(draft_s, verify_s, K, sum(n_drafted))
         events = []
         for b, (r, s) in enumerate(zip(rows, slots)):
-            k_b = int(lens[b])
+            k_b = n_drafted[b]
             s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s)
             if s.adaptive is not None:
                 s.adaptive.update(k_b, accepted[b], self._cost_ratio(), self._verify_ratio())

@@ -83,9 +83,13 @@ class DraftModelProposer:
         pending = [seq[self.valid[s] :] for s, seq in zip(slots, seqs)]
         T = max(len(p) for p in pending)
         ids = torch.tensor([p + [p[-1]] * (T - len(p)) for p in pending], device=self.device)
-        logits = self.model(ids, self.cache, Step(slots, [self.valid[s] for s in slots], T))  # [B, T, V]
-        last = torch.tensor([len(p) - 1 for p in pending], device=self.device)
-        logits = logits[torch.arange(B, device=self.device), last]  # [B, V]
+        step = Step(slots, [self.valid[s] for s in slots], T)
+        if all(len(p) == T for p in pending):  # the usual case: the LM head on the last position only
+            logits = self.model(ids, self.cache, step, logits="last")[:, 0]  # [B, V]
+        else:
+            logits = self.model(ids, self.cache, step)  # [B, T, V]
+            last = torch.tensor([len(p) - 1 for p in pending], device=self.device)
+            logits = logits[torch.arange(B, device=self.device), last]  # [B, V]
         for s, p in zip(slots, pending):
             self.valid[s] += len(p)
         greedy = all(p.greedy for p in params)
