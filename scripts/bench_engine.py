@@ -6,7 +6,7 @@ Configurations, all greedy, batch 1, the same prompts and max tokens:
   (c) HF assisted generation          (assistant_model=draft; default schedule and constant K)
   (d) HF prompt lookup                (prompt_lookup_num_tokens=K)
   (e) ours, draft-target              (e8) the same, the draft's linears in INT8 (W8A16)
-  (f) ours, EAGLE-3 head (if a head folder exists)
+  (f) ours, EAGLE-3 head (if a head folder exists)  (f8) the same, the head's linears in INT8
   (g) ours, n-gram prompt lookup
 Every configuration runs ``--repeats`` times, interleaved (a, b, …, g, a, b, …) so machine noise
 hits all of them alike; the best repeat is reported (the run least disturbed by noise), the median
@@ -152,6 +152,10 @@ def main() -> int:
             spec = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k, max_batch_size=1,
                                max_seq_len=max_len)
             configs["f"] = (f"ours EAGLE-3 (K={k})", ours(lambda: REGISTRY["eagle3"](spec, target, dtype, torch.device("cpu"))))
+            spec8 = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k, max_batch_size=1,
+                                max_seq_len=max_len, draft_weight_only="int8")
+            configs["f8"] = (f"ours EAGLE-3, INT8 head (K={k})",
+                             ours(lambda: REGISTRY["eagle3"](spec8, target, dtype, torch.device("cpu"))))
         except Exception as e:  # noqa: BLE001 - the head is optional here
             print(f"EAGLE-3 head not usable: {e}", file=sys.stderr)
     if args.only:

@@ -102,6 +102,27 @@ def test_greedy_is_token_identical_to_plain_decoding(target, head, corpus):
         assert 0 < accepted < drafted  # both the accept and the reject paths ran
 
 
+def test_int8_head_drafts_like_the_fp32_head_and_stays_lossless(target, head_dir, head, corpus):
+    """runtime.draft_weight_only: int8 on an EAGLE-3 head: INT8 fc/layer/LM-head copy, the
+    target's own LM head untouched; outputs identical to plain decoding, acceptance close to the
+    fp32 head's."""
+    from trtspec.speculative.model import Int8Linear
+
+    h8 = load_eagle3_head(head_dir, target).quantize_weight_only_()
+    assert type(h8.fc) is Int8Linear and type(h8._draft_lm_head) is Int8Linear
+    assert type(target.lm_head) is torch.nn.Linear  # the verifier's head is not quantized
+    prompts = mixed_prompts(corpus[1], 24)
+    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    plain = generate(target, None, prompts, params, batch=8)
+    spec8 = generate(target, Eagle3Proposer(h8, 8, 300), prompts, params, batch=8)
+    spec = generate(target, Eagle3Proposer(head, 8, 300), prompts, params, batch=8)
+    assert [g.token_ids for g in spec8] == [g.token_ids for g in plain]
+    rate = lambda gs: sum(g.stats.accepted for g in gs) / sum(g.stats.drafted for g in gs)  # noqa: E731
+    assert rate(spec8) > 0 and abs(rate(spec8) - rate(spec)) < 0.1
+    with pytest.raises(ModelError, match="already quantized"):
+        h8.quantize_weight_only_()
+
+
 def test_greedy_identical_with_untrained_head(target, corpus):
     """A random head (nothing accepted) must still never change the output."""
     h = Eagle3Head(head_config_for(target, FAST), target.model.embed_tokens, target.lm_head)

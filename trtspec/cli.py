@@ -293,7 +293,8 @@ def _runtime_options(fn):
         click.option("--adaptive/--no-adaptive", default=False, show_default=True,
                      help="Shrink/stop drafting when rolling acceptance falls below break-even."),
         click.option("--draft-weight-only", type=click.Choice(["none", "int8"]), default="none", show_default=True,
-                     help="Run the draft model's linear layers with INT8 weights (W8A16); outputs do not change."),
+                     help="Run the draft model's (or EAGLE-3 head's) linear layers with INT8 weights (W8A16); "
+                          "outputs do not change."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -312,9 +313,9 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
         raise click.UsageError("--method eagle3 needs --head DIR")
     if draft and method not in ("draft_target",):
         raise click.UsageError(f"--draft is only used with --method draft_target (got --method {method})")
-    if draft_weight_only != "none" and method != "draft_target":
-        raise click.UsageError(f"--draft-weight-only {draft_weight_only} needs a draft model (--draft DIR); "
-                               f"got --method {method}")
+    if draft_weight_only != "none" and method not in ("draft_target", "eagle3"):
+        raise click.UsageError(f"--draft-weight-only {draft_weight_only} needs a draft model (--draft DIR) or an "
+                               f"EAGLE-3 head (--method eagle3 --head DIR); got --method {method}")
     return RuntimeSpec(
         draft_weight_only=draft_weight_only,
         target=target, method=method, draft=draft or head, max_draft_len=max_draft_len,

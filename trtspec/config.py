@@ -345,9 +345,10 @@ class RuntimeConfig(Strict):
     torch_threads: int | None = Field(None, ge=1, le=1024)
     draft_weight_only: Literal["none", "int8"] = Field(
         "none",
-        description="torch runtime, draft_target: run the draft model's linear layers with INT8 weights "
-        "(W8A16, per-channel scales as ModelOpt int8_wo): about a quarter of the weight bytes per draft "
-        "token; the unquantized target still verifies every token, so outputs do not change",
+        description="torch runtime, draft_target or eagle3: run the draft model's (or the EAGLE-3 head's, with "
+        "an INT8 copy of the LM head it drafts with) linear layers with INT8 weights (W8A16, per-channel scales "
+        "as ModelOpt int8_wo): about a quarter of the weight bytes per draft token; the unquantized target "
+        "still verifies every token, so outputs do not change",
     )
     adaptive: Adaptive = Adaptive()
     trtllm: TrtllmOptions = TrtllmOptions()
@@ -478,13 +479,13 @@ class Recipe(Strict):
                 self.limits.pipeline_parallel_size,
                 "EAGLE does not support pipeline parallelism; use tensor parallelism instead",
             )
-        if self.runtime.draft_weight_only != "none" and (method != "draft_target" or backend != "torch"):
+        if self.runtime.draft_weight_only != "none" and (method not in ("draft_target", "eagle3") or backend != "torch"):
             raise _FieldProblem(
                 "runtime.draft_weight_only",
                 self.runtime.draft_weight_only,
-                f"applies to a draft model in the torch runtime (speculation.method draft_target, "
-                f"runtime.backend torch), not to method '{method}' on '{backend}'; set it to none, or quantize "
-                "the draft with speculation.draft.quantization for TRT-LLM",
+                f"applies to a draft model or an EAGLE-3 head in the torch runtime (speculation.method "
+                f"draft_target or eagle3, runtime.backend torch), not to method '{method}' on '{backend}'; set it "
+                "to none, or quantize the draft with speculation.draft.quantization for TRT-LLM",
             )
         if backend == "torch" and self.limits.world_size > 1:
             raise _FieldProblem(

@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trtspec.errors import ModelError
-from trtspec.speculative.model import MLP, Attention, CausalLM, KVCache, ModelArgs, RMSNorm, Step, rotate_half
+from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step,
+                                       rotate_half)
 from trtspec.speculative.proposers import Proposal, register
 from trtspec.speculative.sampling import logits_to_probs, sample
 
@@ -212,6 +213,7 @@ class Eagle3Head(nn.Module):
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self._shared = (embed, lm_head)  # a tuple: not registered as submodules
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
+        self._draft_lm_head: Int8Linear | None = None  # see quantize_weight_only_
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
@@ -221,7 +223,34 @@ class Eagle3Head(nn.Module):
         return self._shared[0](ids)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
+        if self._draft_lm_head is not None:
+            return self._draft_lm_head.forward(self.norm(g))
         return self._shared[1](self.norm(g))
+
+    @torch.no_grad()
+    def quantize_weight_only_(self) -> "Eagle3Head":
+        """Draft with INT8 weights (:class:`~trtspec.speculative.model.Int8Linear`): fc, the
+        decoder layer's projections (q|k|v and gate|up fused) and a private INT8 copy of the
+        target's LM head. The target keeps its own head, so verification is unchanged. Inference
+        only (training needs the fp weights); not reversible."""
+        layer = self.layers[0]
+        at, mlp = layer.self_attn, layer.mlp
+        projs = (at.q_proj, at.k_proj, at.v_proj, at.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj, self.fc)
+        if not all(type(p) is nn.Linear for p in projs):
+            raise ModelError("this EAGLE-3 head is already quantized (ModelOpt or INT8 weight-only); quantizing it again "
+                             "would compound the error",
+                             fix="set runtime.draft_weight_only: none, or use the unquantized head")
+        bias = None if at.q_proj.bias is None else torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+        at.fused = Int8Linear(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias)
+        mlp.fused = Int8Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
+        at.o_proj = Int8Linear(at.o_proj.weight, at.o_proj.bias)
+        mlp.down_proj = Int8Linear(mlp.down_proj.weight, None)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            setattr(at, name, nn.Identity())
+        mlp.gate_proj, mlp.up_proj = nn.Identity(), nn.Identity()
+        self.fc = Int8Linear(self.fc.weight, None)
+        self._draft_lm_head = Int8Linear(self._shared[1].weight, None)
+        return self
 
     def cos_sin(self, n: int, device, dtype):
         r = self._rope
@@ -233,7 +262,7 @@ class Eagle3Head(nn.Module):
         return self._rope[1], self._rope[2]
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:
-        p = self.fc.weight
+        p = self.norm.weight
         return KVCache(self.args, batch, max_len, p.dtype, p.device)
 
     def forward(
@@ -419,7 +448,7 @@ class Eagle3Proposer:
         self.cache = head.new_cache(max_slots, max_len)
         self.valid = [0] * max_slots
         self.pending: list[torch.Tensor | None] = [None] * max_slots
-        self.device = head.fc.weight.device
+        self.device = head.norm.weight.device
 
     @torch.inference_mode()
     def prefill(self, slot, seq, target_hidden=None):
@@ -503,4 +532,6 @@ def _eagle3(spec, target: CausalLM, dtype, device) -> Eagle3Proposer:
     if not spec.draft:
         raise ModelError("eagle3 needs an EAGLE-3 head folder", fix="set speculation.head.model (or --head DIR)")
     head = load_eagle3_head(spec.draft, target, dtype=dtype, device=device)
+    if getattr(spec, "draft_weight_only", "none") == "int8":
+        head.quantize_weight_only_()
     return Eagle3Proposer(head, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2)

@@ -37,7 +37,7 @@ class RuntimeSpec:
     adaptive_window: int = 64
     min_acceptance_rate: float | None = None
     torch_threads: int | None = None
-    draft_weight_only: str = "none"  # none | int8: see CausalLM.quantize_weight_only_
+    draft_weight_only: str = "none"  # none | int8: CausalLM / Eagle3Head .quantize_weight_only_
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -50,11 +50,11 @@ class RuntimeSpec:
     def __post_init__(self):
         if self.draft_weight_only not in ("none", "int8"):
             raise TrtspecError(f"draft_weight_only: unknown value {self.draft_weight_only!r}", fix="use none or int8")
-        if self.draft_weight_only != "none" and self.method != "draft_target":
+        if self.draft_weight_only != "none" and self.method not in ("draft_target", "eagle3"):
             raise TrtspecError(
-                f"draft_weight_only={self.draft_weight_only} applies to a draft model (method draft_target), "
-                f"not to method {self.method!r}",
-                fix="drop it, or use --method draft_target --draft DIR",
+                f"draft_weight_only={self.draft_weight_only} applies to a draft model or an EAGLE-3 head "
+                f"(method draft_target or eagle3), not to method {self.method!r}",
+                fix="drop it, or use --draft DIR or --method eagle3 --head DIR",
             )
 
     @classmethod
