@@ -399,6 +399,8 @@ def test_int8_weight_only_refuses_a_modelopt_model_and_unfuse():
     m = CausalLM(args).eval().quantize_weight_only_()
     with pytest.raises(ModelError, match="cannot be unfused"):
         m.unfuse_()
+    with pytest.raises(ModelError, match="already runs with INT8"):
+        m.quantize_weight_only_()
     assert m(torch.tensor([[1, 2, 3]]), None).shape == (1, 3, 64)  # tied head + qkv bias run in INT8
 
     class QuantLinear(nn.Linear):  # what ModelOpt's wrappers are called

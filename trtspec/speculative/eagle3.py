@@ -41,7 +41,7 @@ from torch import nn
 
 from trtspec.errors import ModelError
 from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step,
-                                       rotate_half)
+                                       quantize_layer_weight_only_, rotate_half)
 from trtspec.speculative.proposers import Proposal, register
 from trtspec.speculative.sampling import logits_to_probs, sample
 
@@ -240,14 +240,7 @@ class Eagle3Head(nn.Module):
             raise ModelError("this EAGLE-3 head is already quantized (ModelOpt or INT8 weight-only); quantizing it again "
                              "would compound the error",
                              fix="set runtime.draft_weight_only: none, or use the unquantized head")
-        bias = None if at.q_proj.bias is None else torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
-        at.fused = Int8Linear(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias)
-        mlp.fused = Int8Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
-        at.o_proj = Int8Linear(at.o_proj.weight, at.o_proj.bias)
-        mlp.down_proj = Int8Linear(mlp.down_proj.weight, None)
-        for name in ("q_proj", "k_proj", "v_proj"):
-            setattr(at, name, nn.Identity())
-        mlp.gate_proj, mlp.up_proj = nn.Identity(), nn.Identity()
+        quantize_layer_weight_only_(at, mlp)
         self.fc = Int8Linear(self.fc.weight, None)
         self._draft_lm_head = Int8Linear(self._shared[1].weight, None)
         return self

@@ -131,6 +131,20 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scales.float()[:, None]
 
 
+@torch.no_grad()
+def quantize_layer_weight_only_(at: "Attention", mlp: "MLP") -> None:
+    """One decoder layer's projections in INT8: q|k|v and gate|up fused into one
+    :class:`Int8Linear` each, o and down on their own; the fp projections are dropped."""
+    bias = None if at.q_proj.bias is None else torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+    at.fused = Int8Linear(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias)
+    mlp.fused = Int8Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
+    at.o_proj = Int8Linear(at.o_proj.weight, at.o_proj.bias)
+    mlp.down_proj = Int8Linear(mlp.down_proj.weight, None)
+    for name in ("q_proj", "k_proj", "v_proj"):  # only the fused INT8 copy is used from now on
+        setattr(at, name, nn.Identity())
+    mlp.gate_proj, mlp.up_proj = nn.Identity(), nn.Identity()
+
+
 def _linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``mod(x)`` without ``nn.Module.__call__`` for a plain ``nn.Linear`` or an :class:`Int8Linear`
     (the hook machinery costs a few µs per call, and a 1-layer draft makes ~10 such calls per
@@ -334,24 +348,17 @@ class CausalLM(nn.Module):
         For a *draft* model: a draft token then reads about a quarter of the weight bytes, while
         the verifier (the unquantized target) still decides every emitted token, so outputs stay
         exactly the target's; only acceptance can move (``scripts/bench_engine.py`` shows both).
-        Fuses first; a model with ModelOpt-wrapped linears is refused (it is already quantized).
+        A model with ModelOpt-wrapped linears is refused (it is already quantized).
         Not reversible: the fp weights of the replaced layers are dropped."""
+        if self.weight_only:
+            raise ModelError("this model already runs with INT8 weights", fix="load the checkpoint again")
         if any(type(m).__name__.startswith("Quant") for m in self.modules()):
             raise ModelError(
                 "this model is already quantized by ModelOpt; INT8 weight-only would quantize it twice",
                 fix="drop runtime.draft_weight_only, or use the unquantized checkpoint",
             )
-        self.fuse_()
         for layer in self.model.layers:
-            at, mlp = layer.self_attn, layer.mlp
-            w, b = at.fused
-            at.fused = Int8Linear(w, b)
-            mlp.fused = Int8Linear(mlp.fused, None)
-            at.o_proj = Int8Linear(at.o_proj.weight, at.o_proj.bias)
-            mlp.down_proj = Int8Linear(mlp.down_proj.weight, None)
-            for name in ("q_proj", "k_proj", "v_proj"):  # only the fused copy is used from now on
-                setattr(at, name, nn.Identity())
-            mlp.gate_proj, mlp.up_proj = nn.Identity(), nn.Identity()
+            quantize_layer_weight_only_(layer.self_attn, layer.mlp)
         if not self.args.tie_word_embeddings:
             self.lm_head = Int8Linear(self.lm_head.weight, None)
         else:  # the embedding keeps its fp weights; the head gets its own INT8 copy
