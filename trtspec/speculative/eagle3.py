@@ -270,15 +270,24 @@ class Eagle3Head(nn.Module):
         dev = input_ids.device
         if cache is None:
             step = Step(list(range(B)), [0] * B, T)
-        starts = torch.tensor(step.starts, device=dev)
-        positions = starts[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
         cos_t, sin_t = self.cos_sin(step.kv_len, dev, feature.dtype)
-        cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, T, D]
+        if step.uniform:  # every row at the same positions (a draft step at batch 1): slice, no gather
+            s0 = step.starts[0]
+            cos, sin = cos_t[s0 : s0 + T][None, None], sin_t[s0 : s0 + T][None, None]  # [1, 1, T, D]
+            positions = None
+        else:
+            starts = torch.tensor(step.starts, device=dev)
+            positions = starts[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
+            cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, T, D]
         mask = index = None
         if cache is not None and not (T == 1 and step.uniform):
+            if positions is None:
+                positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
             keys = torch.arange(step.kv_len, device=dev)
             mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
         if cache is not None and not (step.uniform and step.contiguous_rows):
+            if positions is None:
+                positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
             rows = torch.tensor(step.rows, device=dev)
             index = (rows[:, None, None].expand(B, 1, T), positions[:, None, :])
         kc, vc = (cache.k[0], cache.v[0]) if cache is not None else (None, None)
