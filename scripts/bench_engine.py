@@ -21,6 +21,7 @@ Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import platform
@@ -152,8 +153,7 @@ def main() -> int:
             spec = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k, max_batch_size=1,
                                max_seq_len=max_len)
             configs["f"] = (f"ours EAGLE-3 (K={k})", ours(lambda: REGISTRY["eagle3"](spec, target, dtype, torch.device("cpu"))))
-            spec8 = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k, max_batch_size=1,
-                                max_seq_len=max_len, draft_weight_only="int8")
+            spec8 = dataclasses.replace(spec, draft_weight_only="int8")
             configs["f8"] = (f"ours EAGLE-3, INT8 head (K={k})",
                              ours(lambda: REGISTRY["eagle3"](spec8, target, dtype, torch.device("cpu"))))
         except Exception as e:  # noqa: BLE001 - the head is optional here

@@ -303,6 +303,7 @@ def _runtime_options(fn):
 
 def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
                   draft_weight_only="none", max_batch_size=1, max_seq_len=2048):
+    from trtspec.config import WEIGHT_ONLY_METHODS
     from trtspec.speculative.runtime import RuntimeSpec
 
     if method is None:
@@ -313,7 +314,7 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
         raise click.UsageError("--method eagle3 needs --head DIR")
     if draft and method not in ("draft_target",):
         raise click.UsageError(f"--draft is only used with --method draft_target (got --method {method})")
-    if draft_weight_only != "none" and method not in ("draft_target", "eagle3"):
+    if draft_weight_only != "none" and method not in WEIGHT_ONLY_METHODS:
         raise click.UsageError(f"--draft-weight-only {draft_weight_only} needs a draft model (--draft DIR) or an "
                                f"EAGLE-3 head (--method eagle3 --head DIR); got --method {method}")
     return RuntimeSpec(

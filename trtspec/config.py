@@ -337,6 +337,10 @@ class TrtllmOptions(Strict):
         return self
 
 
+# speculation methods whose draft runtime.draft_weight_only can run in INT8 (torch runtime)
+WEIGHT_ONLY_METHODS = ("draft_target", "eagle3")
+
+
 class RuntimeConfig(Strict):
     backend: Runtime = "torch"
     dtype: Dtype = "float32"
@@ -479,7 +483,7 @@ class Recipe(Strict):
                 self.limits.pipeline_parallel_size,
                 "EAGLE does not support pipeline parallelism; use tensor parallelism instead",
             )
-        if self.runtime.draft_weight_only != "none" and (method not in ("draft_target", "eagle3") or backend != "torch"):
+        if self.runtime.draft_weight_only != "none" and (method not in WEIGHT_ONLY_METHODS or backend != "torch"):
             raise _FieldProblem(
                 "runtime.draft_weight_only",
                 self.runtime.draft_weight_only,

@@ -41,7 +41,7 @@ from torch import nn
 
 from trtspec.errors import ModelError
 from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step,
-                                       quantize_layer_weight_only_, rotate_half)
+                                       quantize_layer_weight_only_, rotate_half, step_inputs)
 from trtspec.speculative.proposers import Proposal, register
 from trtspec.speculative.sampling import logits_to_probs, sample
 
@@ -271,25 +271,7 @@ class Eagle3Head(nn.Module):
         if cache is None:
             step = Step(list(range(B)), [0] * B, T)
         cos_t, sin_t = self.cos_sin(step.kv_len, dev, feature.dtype)
-        if step.uniform:  # every row at the same positions (a draft step at batch 1): slice, no gather
-            s0 = step.starts[0]
-            cos, sin = cos_t[s0 : s0 + T][None, None], sin_t[s0 : s0 + T][None, None]  # [1, 1, T, D]
-            positions = None
-        else:
-            starts = torch.tensor(step.starts, device=dev)
-            positions = starts[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
-            cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, T, D]
-        mask = index = None
-        if cache is not None and not (T == 1 and step.uniform):
-            if positions is None:
-                positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
-            keys = torch.arange(step.kv_len, device=dev)
-            mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
-        if cache is not None and not (step.uniform and step.contiguous_rows):
-            if positions is None:
-                positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
-            rows = torch.tensor(step.rows, device=dev)
-            index = (rows[:, None, None].expand(B, 1, T), positions[:, None, :])
+        cos, sin, mask, index = step_inputs(step, B, T, cos_t, sin_t, cached=cache is not None)
         kc, vc = (cache.k[0], cache.v[0]) if cache is not None else (None, None)
         return self.layers[0](feature, self.embed(input_ids), cos, sin, kc, vc, step, mask, index)
 
@@ -534,6 +516,6 @@ def _eagle3(spec, target: CausalLM, dtype, device) -> Eagle3Proposer:
     if not spec.draft:
         raise ModelError("eagle3 needs an EAGLE-3 head folder", fix="set speculation.head.model (or --head DIR)")
     head = load_eagle3_head(spec.draft, target, dtype=dtype, device=device)
-    if getattr(spec, "draft_weight_only", "none") == "int8":
+    if spec.draft_weight_only == "int8":
         head.quantize_weight_only_()
     return Eagle3Proposer(head, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2)

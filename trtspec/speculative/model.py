@@ -115,12 +115,11 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8).contiguous())
         self.register_buffer("scales", scales)
         self.bias = None if bias is None else bias.detach().clone()
-        self.on_cpu = weight.device.type == "cpu"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        if self.on_cpu:
+        if self.qweight.is_cpu:
             y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
         else:
             y = F.linear(x2, self.qweight.to(torch.bfloat16)) * self.scales
@@ -191,6 +190,33 @@ class Step:
         self.uniform = len(set(self.starts)) == 1
         self.contiguous_rows = self.rows == list(range(self.rows[0], self.rows[0] + len(self.rows)))
         self.kv_len = max(self.starts) + self.T  # keys a query may need to see
+
+
+def step_inputs(step: Step, B: int, T: int, cos_t: torch.Tensor, sin_t: torch.Tensor, *, cached: bool):
+    """What a forward of ``T`` tokens per row at ``step`` hands its attention layers: rope cos/sin
+    (``[1|B, 1, T, D]``, from the ``[n, D]`` tables), the causal mask over the cached keys and the
+    cache scatter index (``None`` where not needed). Shared by CausalLM and the EAGLE-3 head."""
+    dev = cos_t.device
+    if step.uniform:  # every row at the same positions: slice the tables, no gather
+        s0 = step.starts[0]
+        cos, sin = cos_t[s0 : s0 + T][None, None], sin_t[s0 : s0 + T][None, None]  # [1, 1, T, D]
+        positions = None
+    else:
+        starts = torch.tensor(step.starts, device=dev)
+        positions = starts[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
+        cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, T, D]
+    mask = index = None
+    if cached and not (T == 1 and step.uniform):  # one query at the last position sees every key
+        if positions is None:
+            positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
+        keys = torch.arange(step.kv_len, device=dev)
+        mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
+    if cached and not (step.uniform and step.contiguous_rows):
+        if positions is None:
+            positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
+        rows = torch.tensor(step.rows, device=dev)
+        index = (rows[:, None, None].expand(B, 1, T), positions[:, None, :])
+    return cos, sin, mask, index
 
 
 class Attention(nn.Module):
@@ -392,27 +418,7 @@ class CausalLM(nn.Module):
         if cache is None:  # whole sequences from position 0, no cache (training, scoring)
             step = Step(list(range(B)), [0] * B, T)
         cos_t, sin_t = self._rope(step.kv_len, dev, self.model.embed_tokens.weight.dtype)
-        if step.uniform:  # every row at the same positions: slice the tables, no gather
-            s0 = step.starts[0]
-            cos, sin = cos_t[s0 : s0 + T][None, None], sin_t[s0 : s0 + T][None, None]  # [1, 1, T, D]
-            positions = None
-        else:
-            starts = torch.tensor(step.starts, device=dev)
-            positions = starts[:, None] + torch.arange(T, device=dev)[None, :]  # [B, T]
-            cos, sin = cos_t[positions][:, None], sin_t[positions][:, None]  # [B, 1, T, D]
-        if cache is None or (T == 1 and step.uniform):
-            mask = None  # one query at the last position sees every key in [0, S)
-        else:
-            if positions is None:
-                positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
-            keys = torch.arange(step.kv_len, device=dev)
-            mask = (keys[None, None, :] <= positions[:, :, None])[:, None]  # [B, 1, T, S]
-        index = None
-        if cache is not None and not (step.uniform and step.contiguous_rows):
-            if positions is None:
-                positions = (step.starts[0] + torch.arange(T, device=dev))[None, :].expand(B, T)
-            rows = torch.tensor(step.rows, device=dev)
-            index = (rows[:, None, None].expand(B, 1, T), positions[:, None, :])
+        cos, sin, mask, index = step_inputs(step, B, T, cos_t, sin_t, cached=cache is not None)
         x = self.model.embed_tokens(input_ids)
         hidden: list[torch.Tensor] = []
         for i, layer in enumerate(self.model.layers):

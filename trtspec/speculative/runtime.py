@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from trtspec.config import WEIGHT_ONLY_METHODS
 from trtspec.errors import ModelError, TrtspecError
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import CausalLM, load_causal_lm, read_hf_config
@@ -50,7 +51,7 @@ class RuntimeSpec:
     def __post_init__(self):
         if self.draft_weight_only not in ("none", "int8"):
             raise TrtspecError(f"draft_weight_only: unknown value {self.draft_weight_only!r}", fix="use none or int8")
-        if self.draft_weight_only != "none" and self.method not in ("draft_target", "eagle3"):
+        if self.draft_weight_only != "none" and self.method not in WEIGHT_ONLY_METHODS:
             raise TrtspecError(
                 f"draft_weight_only={self.draft_weight_only} applies to a draft model or an EAGLE-3 head "
                 f"(method draft_target or eagle3), not to method {self.method!r}",
@@ -105,8 +106,8 @@ def load_model(folder: str, dtype: torch.dtype, device: torch.device, weight_onl
         from trtspec.quantize.runtime import load_quantized  # lazy: imports modelopt
 
         return load_quantized(folder, dtype=dtype, device=device)
-    model = load_causal_lm(folder, dtype=dtype, device=device).fuse_()
-    return model.quantize_weight_only_() if weight_only == "int8" else model
+    model = load_causal_lm(folder, dtype=dtype, device=device)
+    return model.quantize_weight_only_() if weight_only == "int8" else model.fuse_()
 
 
 @register("draft_target")
