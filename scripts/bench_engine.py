@@ -6,6 +6,7 @@ Configurations, all greedy, batch 1, the same prompts and max tokens:
   (c) HF assisted generation          (assistant_model=draft; default schedule and constant K)
   (d) HF prompt lookup                (prompt_lookup_num_tokens=K)
   (e) ours, draft-target              (e8) the same, the draft's linears in INT8 (W8A16)
+                                      (e8c) e8 with the draft's one-token step compiled (torch.compile)
   (f) ours, EAGLE-3 head (if a head folder exists)  (f8) the same, the head's linears in INT8
   (g) ours, n-gram prompt lookup
 Every configuration runs ``--repeats`` times, interleaved (a, b, …, g, a, b, …) so machine noise
@@ -83,6 +84,7 @@ def main() -> int:
     target = load_causal_lm(tdir, dtype=dtype).fuse_()
     draft = load_causal_lm(ddir, dtype=dtype).fuse_()
     draft_w8 = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # runtime.draft_weight_only: int8
+    draft_w8c = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # + runtime.compile_draft
     hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
     hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=dtype).eval()
     greedy = SamplingParams(max_new_tokens=max_new, ignore_eos=False)
@@ -142,6 +144,8 @@ def main() -> int:
         "d": (f"HF prompt lookup (K={k})", hf(prompt_lookup_num_tokens=k)),
         "e": (f"ours draft-target (K={k})", ours(lambda: DraftModelProposer(draft, 1, max_len + k + 4))),
         "e8": (f"ours draft-target, INT8 draft (K={k})", ours(lambda: DraftModelProposer(draft_w8, 1, max_len + k + 4))),
+        "e8c": (f"ours draft-target, INT8 draft, compiled (K={k})",
+                ours(lambda: DraftModelProposer(draft_w8c, 1, max_len + k + 4, compile=True))),
         "g": (f"ours n-gram (K={k})", ours(lambda: NgramProposer(3, 1))),
     }
     if head is not None and (head / "config.json").is_file():
@@ -161,6 +165,10 @@ def main() -> int:
     if args.only:
         keep = set(args.only.split(",")) | {"a"}
         configs = {key: v for key, v in configs.items() if key in keep}
+    if "e8c" in configs:  # compile once, outside the timed runs (engines built later reuse it)
+        t0 = time.perf_counter()
+        DraftModelProposer(draft_w8c, 1, max_len + k + 4, compile=True)
+        print(f"compiled the INT8 draft's decode step in {time.perf_counter() - t0:.1f} s", flush=True)
 
     results = {key: {"name": name, "tok_s": [], "extra": None, "outputs": None} for key, (name, _) in configs.items()}
     for r in range(args.repeats):
@@ -196,7 +204,8 @@ def main() -> int:
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
         "rows": rows,
     }
-    for key, label in (("e", "draft_target"), ("e8", "draft_target_int8_draft")):
+    for key, label in (("e", "draft_target"), ("e8", "draft_target_int8_draft"),
+                       ("e8c", "draft_target_int8_compiled_draft")):
         if key in results:
             summary[f"{label}_vs_plain"] = round(max(results[key]["tok_s"]) / base, 3)
             if hf_assist_best:
@@ -217,7 +226,8 @@ def main() -> int:
         md.append(f"| {row['config']} | {row['tok_s_best']} | {row['tok_s_median']} | {row['speedup_vs_ours_plain']}× | "
                   f"{ar if ar == '' else f'{ar:.2f}'} | {al if al == '' else f'{al:.2f}'} | {row['identical_to_ours_plain']} |")
     md += ["", "Acceptance length for HF rows is tokens per target forward (HF does not report acceptance).", ""]
-    for label, what in (("draft_target", "Draft-target"), ("draft_target_int8_draft", "Draft-target with the INT8 draft")):
+    for label, what in (("draft_target", "Draft-target"), ("draft_target_int8_draft", "Draft-target with the INT8 draft"),
+                        ("draft_target_int8_compiled_draft", "Draft-target with the INT8 draft, compiled")):
         if f"{label}_vs_hf_assisted_best" in summary:
             md.append(f"{what} vs plain: **{summary[f'{label}_vs_plain']}×**; vs the best HF assisted "
                       f"configuration: **{summary[f'{label}_vs_hf_assisted_best']}×**.")

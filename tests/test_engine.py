@@ -389,6 +389,65 @@ def test_int8_weight_only_draft_stays_token_identical(tiny_models, pair, prompts
     assert abs(agg8.acceptance_rate - agg.acceptance_rate) < 0.1  # INT8 per-channel barely moves the draft
 
 
+def test_decode_one_matches_forward_at_any_rows_and_positions(pair):
+    """CausalLM.decode_one (the compile-friendly one-token step) computes what forward computes:
+    same logits and same K/V written, for rows at different positions in a shared cache."""
+    from trtspec.speculative.model import Step
+
+    _, draft = pair
+    g = torch.Generator().manual_seed(0)
+    lens = {0: 9, 2: 23, 3: 4}  # row -> tokens already cached
+    with torch.inference_mode():
+        ref, new = draft.new_cache(4, 64), draft.new_cache(4, 64)
+        for r, n in lens.items():
+            ids = torch.randint(0, draft.args.vocab_size, (1, n), generator=g)
+            for c in (ref, new):
+                draft(ids, c, Step([r], [0], n), logits="none")
+        draft._rope(64, torch.device("cpu"), torch.float32)
+        rows = list(lens)
+        x = torch.randint(0, draft.args.vocab_size, (len(rows), 1), generator=g)
+        want = torch.stack([draft(x[i : i + 1], ref, Step([r], [lens[r]], 1))[0, 0] for i, r in enumerate(rows)])
+        got = draft.decode_one(x, new, torch.tensor(rows), torch.tensor([lens[r] for r in rows]), max(lens.values()) + 1)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    for r, n in lens.items():
+        torch.testing.assert_close(new.k[0][r, :, : n + 1], ref.k[0][r, :, : n + 1])
+
+
+def test_compiled_draft_step_stays_token_identical(tiny_models, prompts, plain_outputs, pair):
+    """runtime.compile_draft: the INT8 draft's one-token step under torch.compile drafts exactly
+    what the eager step drafts (same acceptance) and the output stays plain decoding's, batched
+    (rows at different positions, requests joining) and alone."""
+    target, _ = pair
+    d8 = load_causal_lm(tiny_models[1]).quantize_weight_only_()
+    eager = Engine(target, DraftModelProposer(d8, 8, 1100), max_draft_len=4, max_batch_size=8).generate(prompts[:20], GREEDY)
+    dc = load_causal_lm(tiny_models[1]).quantize_weight_only_()
+    prop = DraftModelProposer(dc, 8, 1100, compile=True)
+    assert dc.decode is not None
+    outs = Engine(target, prop, max_draft_len=4, max_batch_size=8).generate(prompts[:20], GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs[:20]
+    assert [o.stats.accepted for o in outs] == [o.stats.accepted for o in eager]
+    one = Engine(target, DraftModelProposer(dc, 1, 1100), max_draft_len=4, max_batch_size=1)
+    assert one.generate([prompts[5]], GREEDY)[0].token_ids == plain_outputs[5]
+
+
+def test_compile_draft_failure_is_a_clear_error_at_build_time(tiny_models, monkeypatch):
+    """No C++ compiler (or any inductor failure) surfaces when the engine is built, naming the
+    setting and the fix, not in the middle of a request."""
+    from trtspec.errors import ModelError
+
+    def broken(fn, **kw):
+        def run(*a, **k):
+            raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    d = load_causal_lm(tiny_models[1])
+    with pytest.raises(ModelError, match="compile_draft") as e:
+        DraftModelProposer(d, 2, 64, compile=True)
+    assert "compile_draft: false" in e.value.fix and "C++ compiler" in str(e.value)
+    assert d.decode is None
+
+
 def test_int8_weight_only_refuses_a_modelopt_model_and_unfuse():
     from trtspec.errors import ModelError
     from trtspec.speculative.model import CausalLM
@@ -465,3 +524,5 @@ def test_generate_cli_prints_one_json_object(tiny_models):
     bad = CliRunner().invoke(main, ["generate", "--target", t, "--method", "ngram", "--draft-weight-only", "int8",
                                     "--prompt", "x"])
     assert bad.exit_code == 2 and "--draft-weight-only" in bad.output
+    bad = CliRunner().invoke(main, ["generate", "--target", t, "--method", "ngram", "--compile-draft", "--prompt", "x"])
+    assert bad.exit_code == 2 and "--compile-draft" in bad.output

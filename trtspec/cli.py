@@ -295,6 +295,9 @@ def _runtime_options(fn):
         click.option("--draft-weight-only", type=click.Choice(["none", "int8"]), default="none", show_default=True,
                      help="Run the draft model's (or EAGLE-3 head's) linear layers with INT8 weights (W8A16); "
                           "outputs do not change."),
+        click.option("--compile-draft", is_flag=True,
+                     help="torch.compile the draft model's one-token step (draft-target; compiles for seconds "
+                          "at start); outputs do not change."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -302,7 +305,7 @@ def _runtime_options(fn):
 
 
 def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-                  draft_weight_only="none", max_batch_size=1, max_seq_len=2048):
+                  draft_weight_only="none", compile_draft=False, max_batch_size=1, max_seq_len=2048):
     from trtspec.config import WEIGHT_ONLY_METHODS
     from trtspec.speculative.runtime import RuntimeSpec
 
@@ -317,8 +320,10 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
     if draft_weight_only != "none" and method not in WEIGHT_ONLY_METHODS:
         raise click.UsageError(f"--draft-weight-only {draft_weight_only} needs a draft model (--draft DIR) or an "
                                f"EAGLE-3 head (--method eagle3 --head DIR); got --method {method}")
+    if compile_draft and method != "draft_target":
+        raise click.UsageError(f"--compile-draft needs a draft model (--draft DIR); got --method {method}")
     return RuntimeSpec(
-        draft_weight_only=draft_weight_only,
+        draft_weight_only=draft_weight_only, compile_draft=compile_draft,
         target=target, method=method, draft=draft or head, max_draft_len=max_draft_len,
         max_matching_ngram_size=ngram_size, dtype=dtype, device=device, torch_threads=threads,
         adaptive=adaptive, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
@@ -336,7 +341,7 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @handle_errors
 def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-             draft_weight_only, prompt, max_new_tokens, temperature, top_k, top_p, seed, as_json):
+             draft_weight_only, compile_draft, prompt, max_new_tokens, temperature, top_k, top_p, seed, as_json):
     """Generate with the torch runtime: plain decoding, or speculation with a draft model, an
     EAGLE-3 head or n-gram prompt lookup. Greedy speculation is token-identical to plain decoding."""
     from transformers import AutoTokenizer
@@ -345,7 +350,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
     from trtspec.speculative.sampling import SamplingParams
 
     spec = _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-                         draft_weight_only)
+                         draft_weight_only, compile_draft)
     params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = build_engine(spec)
     tok = AutoTokenizer.from_pretrained(target)
@@ -359,7 +364,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
         "verify_s": round(st.verify_s, 6), "tokens_per_s": round(st.tokens_per_s, 2),
         "target_passes": st.steps, "ttft_s": round(st.ttft_s, 6), "finish_reason": g.finish_reason,
         "method": spec.method, "max_draft_len": spec.max_draft_len if spec.method != "none" else 0,
-        "draft_weight_only": spec.draft_weight_only,
+        "draft_weight_only": spec.draft_weight_only, "compile_draft": spec.compile_draft,
     }
     if as_json:
         click.echo(json.dumps({"token_ids": g.token_ids, "text": text, "stats": stats}))
@@ -380,7 +385,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-         draft_weight_only, prompt_source, num_prompts, max_new_tokens, k_max, as_json):
+         draft_weight_only, compile_draft, prompt_source, num_prompts, max_new_tokens, k_max, as_json):
     """Recommend max_draft_len from measured per-position acceptance α_i, draft cost c and verify cost v_k.
 
     Expected speedup S(k) = (1 + Σ_{i≤k} Π_{j≤i} α_j) / (k·c + v_k)  (Leviathan et al., generalised).
@@ -392,7 +397,7 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
     from trtspec.speculative.tune import tune as run_tune
 
     spec = _runtime_spec(target, draft, method, head, k_max, ngram_size, dtype, device, threads, False,
-                         draft_weight_only)
+                         draft_weight_only, compile_draft)
     if spec.method == "none":
         raise click.UsageError("tune needs a proposer: --draft DIR, --method ngram or --method eagle3 --head DIR")
     engine = build_engine(spec)

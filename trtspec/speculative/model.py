@@ -268,6 +268,32 @@ class Attention(nn.Module):
         return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
 
+    def decode_one(self, x, cos, sin, k_cache, v_cache, rows, pos, keep):
+        """One token per row (``x``: [B, 1, hidden]) written at ``(rows, pos)``; attends to the
+        row's keys where ``keep`` [B, S]. Index tensors only: see CausalLM.decode_one."""
+        B = x.shape[0]
+        H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
+        f = self.fused
+        if f is None:
+            qkv = torch.cat([_linear(self.q_proj, x), _linear(self.k_proj, x), _linear(self.v_proj, x)], -1)
+        else:
+            qkv = F.linear(x, *f) if type(f) is tuple else f.forward(x)
+        qkv = qkv.view(B, H + 2 * Hkv, D)
+        qk, v = qkv[:, : H + Hkv], qkv[:, H + Hkv :]
+        qk = qk * cos[:, 0] + rotate_half(qk) * sin[:, 0]
+        q, k = qk[:, :H], qk[:, H:]
+        heads = torch.arange(Hkv, device=x.device)[None, :]
+        k_cache.index_put_((rows[:, None], heads, pos[:, None]), k)
+        v_cache.index_put_((rows[:, None], heads, pos[:, None]), v)
+        S = keep.shape[1]
+        keys, values = k_cache[rows, :, :S], v_cache[rows, :, :S]  # [B, Hkv, S, D]
+        # grouped-query attention for one query: q head h reads kv head h // (H / Hkv)
+        scores = torch.matmul(q.view(B, Hkv, H // Hkv, D), keys.transpose(-1, -2)) * (D**-0.5)
+        scores = scores.masked_fill(~keep[:, None, None, :], float("-inf"))
+        out = torch.matmul(scores.softmax(-1), values)  # [B, Hkv, H/Hkv, D]
+        return _linear(self.o_proj, out.reshape(B, 1, H * D))
+
+
 class MLP(nn.Module):
     def __init__(self, a: ModelArgs):
         super().__init__()
@@ -319,6 +345,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope_len = 0
         self.weight_only: str | None = None  # "int8" after quantize_weight_only_
+        self.decode = None  # compiled decode_one after compile_decode_
 
     # ---- rope tables (HF convention: cos/sin of cat(freqs, freqs))
     def _rope(self, n: int, device, dtype):
@@ -398,6 +425,47 @@ class CausalLM(nn.Module):
         for layer in self.model.layers:
             layer.self_attn.fused = None
             layer.mlp.fused = None
+        return self
+
+    # ---- one token per row, shapes friendly to torch.compile (the draft's inner loop)
+    def decode_one(
+        self,
+        input_ids: torch.Tensor,  # [B, 1]
+        cache: KVCache,
+        rows: torch.Tensor,  # [B] cache rows
+        pos: torch.Tensor,  # [B] where each row's token goes
+        kv_len: int,  # max(pos) + 1: keys any query may see
+    ) -> torch.Tensor:  # logits [B, V]
+        """The same computation as ``forward`` for one token per row at arbitrary rows/positions,
+        written with index tensors instead of a host-side :class:`Step`, so that one compiled graph
+        (``compile_decode_``) serves every row set, position and batch size. Writes K/V at
+        ``(rows, pos)`` and attends to keys ``<= pos`` of each row (same KV-cache invariant)."""
+        B = input_ids.shape[0]
+        cos_t, sin_t = self._cos, self._sin
+        cos, sin = cos_t[pos][:, None, None], sin_t[pos][:, None, None]  # [B, 1, 1, D]
+        keep = torch.arange(kv_len, device=pos.device)[None, :] <= pos[:, None]  # [B, S]
+        x = self.model.embed_tokens(input_ids)
+        for i, layer in enumerate(self.model.layers):
+            at = layer.self_attn
+            x = x + at.decode_one(layer.input_layernorm.forward(x), cos, sin, cache.k[i], cache.v[i], rows, pos, keep)
+            x = x + layer.mlp.forward(layer.post_attention_layernorm.forward(x))
+        return _linear(self.lm_head, self.model.norm.forward(x))[:, 0]
+
+    def compile_decode_(self, max_len: int) -> "CausalLM":
+        """Compile :meth:`decode_one` with ``torch.compile`` (inductor; dynamic batch and length):
+        a 1-layer draft's ~35 small ops per token fuse into a handful of kernels. The rope tables
+        are built for ``max_len`` up front (the compiled graph reads them as they are). Returns self;
+        ``self.decode`` is then the compiled step (``None`` before). Compilation happens on the
+        first call (seconds; inductor caches it on disk)."""
+        if any(type(m).__name__.startswith("Quant") for m in self.modules()):
+            raise ModelError(
+                "a ModelOpt-quantized (fake-quant) model cannot be compiled by the torch runtime",
+                fix="set runtime.compile_draft: false, or use the unquantized draft",
+            )
+        p = self.model.embed_tokens.weight
+        self._rope(max_len, p.device, p.dtype)
+        if self.decode is None:  # idempotent: several proposers (engines) may share one draft model
+            self.decode = torch.compile(self.decode_one, dynamic=True, fullgraph=True)
         return self
 
     def new_cache(self, batch: int, max_len: int) -> KVCache:

@@ -13,6 +13,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
+from trtspec.errors import ModelError
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
 
@@ -61,12 +62,32 @@ class DraftModelProposer:
     name = "draft_target"
     target_hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: CausalLM, max_slots: int, max_len: int):
+    def __init__(self, model: CausalLM, max_slots: int, max_len: int, *, compile: bool = False):
         self.model = model
         self.cache = model.new_cache(max_slots, max_len)
         self.valid = [0] * max_slots
         self.written = [0] * max_slots  # draft positions written past valid in the last round
         self.device = model.model.embed_tokens.weight.device
+        if compile:
+            self._compile(max_slots, max_len)
+
+    @torch.inference_mode()
+    def _compile(self, max_slots: int, max_len: int) -> None:
+        """Compile the draft's one-token step and warm it up now (batch 1 and, when the engine
+        batches, batch 2: dynamic from there on), so that no request pays for compilation. The
+        warm-up writes rows 0/1 at position 1 of a cache that holds nothing valid yet."""
+        self.model.compile_decode_(max_len)
+        try:
+            for B in (1, 2) if max_slots > 1 else (1,):
+                one = torch.ones(B, dtype=torch.long, device=self.device)  # not 0/1-sized: those specialize
+                self.model.decode(one[:, None], self.cache, torch.arange(B, device=self.device), one, 2)
+        except Exception as e:  # noqa: BLE001 - inductor fails in many ways (no C++ compiler, …)
+            self.model.decode = None
+            raise ModelError(
+                f"runtime.compile_draft: torch.compile of the draft's decode step failed ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''})",
+                fix="set runtime.compile_draft: false (eager steps, same outputs), or install a C++ compiler (gcc)",
+            ) from None
 
     @torch.inference_mode()
     def prefill(self, slot, seq, target_hidden=None):
@@ -80,18 +101,7 @@ class DraftModelProposer:
         B, K = len(slots), max(ks)
         if K == 0:
             return _empty(B, self.device)
-        pending = [seq[self.valid[s] :] for s, seq in zip(slots, seqs)]
-        T = max(len(p) for p in pending)
-        ids = torch.tensor([p + [p[-1]] * (T - len(p)) for p in pending], device=self.device)
-        step = Step(slots, [self.valid[s] for s in slots], T)
-        if all(len(p) == T for p in pending):  # the usual case: the LM head on the last position only
-            logits = self.model(ids, self.cache, step, logits="last")[:, 0]  # [B, V]
-        else:
-            logits = self.model(ids, self.cache, step)  # [B, T, V]
-            last = torch.tensor([len(p) - 1 for p in pending], device=self.device)
-            logits = logits[torch.arange(B, device=self.device), last]  # [B, V]
-        for s, p in zip(slots, pending):
-            self.valid[s] += len(p)
+        logits = self._feed(slots, [seq[self.valid[s] :] for s, seq in zip(slots, seqs)])  # [B, V]
         greedy = all(p.greedy for p in params)
         tokens, probs = [], []
         for i in range(K):
@@ -103,8 +113,7 @@ class DraftModelProposer:
                 probs.append(q)
             tokens.append(x)
             if i < K - 1:
-                step = Step(slots, [self.valid[s] + i for s in slots], 1)
-                logits = self.model(x[:, None], self.cache, step)[:, 0]
+                logits = self._step(slots, x, i)
         for s in slots:
             self.written[s] = K - 1
         return Proposal(
@@ -112,6 +121,44 @@ class DraftModelProposer:
             torch.stack(probs, 1) if probs else None,
             torch.tensor(ks, device=self.device),
         )
+
+    def _feed(self, slots: list[int], pending: list[list[int]]) -> torch.Tensor:
+        """Feed each row's committed tokens the draft has not seen (1, or 2 after a fully accepted
+        round); returns the logits after each row's last one [B, V]."""
+        B, T = len(slots), max(len(p) for p in pending)
+        if self.model.decode is not None:  # compiled one-token steps
+            rows = torch.tensor(slots, device=self.device)
+            start = torch.tensor([self.valid[s] for s in slots], device=self.device)
+            kv_len = max(self.valid[s] for s in slots) + 1
+            for j in range(T):
+                ids = torch.tensor([[p[min(j, len(p) - 1)]] for p in pending], device=self.device)
+                out = self.model.decode(ids, self.cache, rows, start + j, kv_len + j)
+                if j == 0 or all(len(p) > j for p in pending):
+                    logits = out
+                else:  # rows whose last pending token was at j-1 keep those logits (this write is garbage)
+                    more = torch.tensor([len(p) > j for p in pending], device=self.device)
+                    logits = torch.where(more[:, None], out, logits)
+            self._rows = rows
+        else:
+            ids = torch.tensor([p + [p[-1]] * (T - len(p)) for p in pending], device=self.device)
+            step = Step(slots, [self.valid[s] for s in slots], T)
+            if all(len(p) == T for p in pending):  # the usual case: the LM head on the last position only
+                logits = self.model(ids, self.cache, step, logits="last")[:, 0]  # [B, V]
+            else:
+                logits = self.model(ids, self.cache, step)  # [B, T, V]
+                last = torch.tensor([len(p) - 1 for p in pending], device=self.device)
+                logits = logits[torch.arange(B, device=self.device), last]  # [B, V]
+        for s, p in zip(slots, pending):
+            self.valid[s] += len(p)
+        return logits
+
+    def _step(self, slots: list[int], x: torch.Tensor, i: int) -> torch.Tensor:
+        """Draft token ``i`` (``x`` [B]) goes in at ``valid + i``; returns the next logits [B, V]."""
+        if self.model.decode is not None:
+            pos = torch.tensor([self.valid[s] + i for s in slots], device=self.device)
+            return self.model.decode(x[:, None], self.cache, self._rows, pos, max(self.valid[s] for s in slots) + i + 1)
+        step = Step(slots, [self.valid[s] + i for s in slots], 1)
+        return self.model(x[:, None], self.cache, step)[:, 0]
 
     def accept(self, slots, seqs, accepted, target_hidden=None):
         for s, n in zip(slots, accepted):

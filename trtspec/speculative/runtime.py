@@ -39,6 +39,7 @@ class RuntimeSpec:
     min_acceptance_rate: float | None = None
     torch_threads: int | None = None
     draft_weight_only: str = "none"  # none | int8: CausalLM / Eagle3Head .quantize_weight_only_
+    compile_draft: bool = False  # draft_target: torch.compile the draft's one-token step
     extra: dict = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -49,6 +50,11 @@ class RuntimeSpec:
         return cls(**json.loads(text))
 
     def __post_init__(self):
+        if self.compile_draft and self.method != "draft_target":
+            raise TrtspecError(
+                f"compile_draft applies to a draft model (method draft_target), not to method {self.method!r}",
+                fix="drop it, or use --draft DIR",
+            )
         if self.draft_weight_only not in ("none", "int8"):
             raise TrtspecError(f"draft_weight_only: unknown value {self.draft_weight_only!r}", fix="use none or int8")
         if self.draft_weight_only != "none" and self.method not in WEIGHT_ONLY_METHODS:
@@ -79,6 +85,7 @@ class RuntimeSpec:
             min_acceptance_rate=recipe.runtime.adaptive.min_acceptance_rate,
             torch_threads=recipe.runtime.torch_threads,
             draft_weight_only=recipe.runtime.draft_weight_only,
+            compile_draft=recipe.runtime.compile_draft,
         )
 
 
@@ -116,7 +123,8 @@ def _draft_target(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Propose
         raise ModelError("draft_target needs a draft model folder", fix="set speculation.draft.model")
     # draft tokens are compared as ids, so a padded embedding (vocab_size differs, ids agree) is fine
     draft = load_model(spec.draft, dtype, device, spec.draft_weight_only)
-    return DraftModelProposer(draft, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2)
+    return DraftModelProposer(draft, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2,
+                              compile=spec.compile_draft)
 
 
 @register("ngram")
