@@ -403,11 +403,12 @@ def test_decode_one_matches_forward_at_any_rows_and_positions(pair):
             ids = torch.randint(0, draft.args.vocab_size, (1, n), generator=g)
             for c in (ref, new):
                 draft(ids, c, Step([r], [0], n), logits="none")
-        draft._rope(64, torch.device("cpu"), torch.float32)
+        rope = draft._rope(64, torch.device("cpu"), torch.float32)
         rows = list(lens)
         x = torch.randint(0, draft.args.vocab_size, (len(rows), 1), generator=g)
         want = torch.stack([draft(x[i : i + 1], ref, Step([r], [lens[r]], 1))[0, 0] for i, r in enumerate(rows)])
-        got = draft.decode_one(x, new, torch.tensor(rows), torch.tensor([lens[r] for r in rows]), max(lens.values()) + 1)
+        got = draft.decode_one(x, new, torch.tensor(rows), torch.tensor([lens[r] for r in rows]), max(lens.values()) + 1,
+                               rope)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     for r, n in lens.items():
         torch.testing.assert_close(new.k[0][r, :, : n + 1], ref.k[0][r, :, : n + 1])

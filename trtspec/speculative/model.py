@@ -435,13 +435,14 @@ class CausalLM(nn.Module):
         rows: torch.Tensor,  # [B] cache rows
         pos: torch.Tensor,  # [B] where each row's token goes
         kv_len: int,  # max(pos) + 1: keys any query may see
+        rope: tuple[torch.Tensor, torch.Tensor],  # self._rope(n ≥ kv_len): inputs, not attributes, of a compiled graph
     ) -> torch.Tensor:  # logits [B, V]
         """The same computation as ``forward`` for one token per row at arbitrary rows/positions,
         written with index tensors instead of a host-side :class:`Step`, so that one compiled graph
         (``compile_decode_``) serves every row set, position and batch size. Writes K/V at
         ``(rows, pos)`` and attends to keys ``<= pos`` of each row (same KV-cache invariant)."""
         B = input_ids.shape[0]
-        cos_t, sin_t = self._cos, self._sin
+        cos_t, sin_t = rope
         cos, sin = cos_t[pos][:, None, None], sin_t[pos][:, None, None]  # [B, 1, 1, D]
         keep = torch.arange(kv_len, device=pos.device)[None, :] <= pos[:, None]  # [B, S]
         x = self.model.embed_tokens(input_ids)
@@ -451,10 +452,9 @@ class CausalLM(nn.Module):
             x = x + layer.mlp.forward(layer.post_attention_layernorm.forward(x))
         return _linear(self.lm_head, self.model.norm.forward(x))[:, 0]
 
-    def compile_decode_(self, max_len: int) -> "CausalLM":
+    def compile_decode_(self) -> "CausalLM":
         """Compile :meth:`decode_one` with ``torch.compile`` (inductor; dynamic batch and length):
-        a 1-layer draft's ~35 small ops per token fuse into a handful of kernels. The rope tables
-        are built for ``max_len`` up front (the compiled graph reads them as they are). Returns self;
+        a 1-layer draft's ~35 small ops per token fuse into a handful of kernels. Returns self;
         ``self.decode`` is then the compiled step (``None`` before). Compilation happens on the
         first call (seconds; inductor caches it on disk)."""
         if any(type(m).__name__.startswith("Quant") for m in self.modules()):
@@ -462,8 +462,6 @@ class CausalLM(nn.Module):
                 "a ModelOpt-quantized (fake-quant) model cannot be compiled by the torch runtime",
                 fix="set runtime.compile_draft: false, or use the unquantized draft",
             )
-        p = self.model.embed_tokens.weight
-        self._rope(max_len, p.device, p.dtype)
         if self.decode is None:  # idempotent: several proposers (engines) may share one draft model
             self.decode = torch.compile(self.decode_one, dynamic=True, fullgraph=True)
         return self

@@ -76,11 +76,11 @@ class DraftModelProposer:
         """Compile the draft's one-token step and warm it up now (batch 1 and, when the engine
         batches, batch 2: dynamic from there on), so that no request pays for compilation. The
         warm-up writes rows 0/1 at position 1 of a cache that holds nothing valid yet."""
-        self.model.compile_decode_(max_len)
+        self.model.compile_decode_()
         try:
             for B in (1, 2) if max_slots > 1 else (1,):
                 one = torch.ones(B, dtype=torch.long, device=self.device)  # not 0/1-sized: those specialize
-                self.model.decode(one[:, None], self.cache, torch.arange(B, device=self.device), one, 2)
+                self.model.decode(one[:, None], self.cache, torch.arange(B, device=self.device), one, 2, self._rope(2))
         except Exception as e:  # noqa: BLE001 - inductor fails in many ways (no C++ compiler, …)
             self.model.decode = None
             raise ModelError(
@@ -101,7 +101,7 @@ class DraftModelProposer:
         B, K = len(slots), max(ks)
         if K == 0:
             return _empty(B, self.device)
-        logits = self._feed(slots, [seq[self.valid[s] :] for s, seq in zip(slots, seqs)])  # [B, V]
+        logits, rows = self._feed(slots, [seq[self.valid[s] :] for s, seq in zip(slots, seqs)])  # [B, V]
         greedy = all(p.greedy for p in params)
         tokens, probs = [], []
         for i in range(K):
@@ -113,7 +113,7 @@ class DraftModelProposer:
                 probs.append(q)
             tokens.append(x)
             if i < K - 1:
-                logits = self._step(slots, x, i)
+                logits = self._step(slots, rows, x, i)
         for s in slots:
             self.written[s] = K - 1
         return Proposal(
@@ -122,23 +122,28 @@ class DraftModelProposer:
             torch.tensor(ks, device=self.device),
         )
 
-    def _feed(self, slots: list[int], pending: list[list[int]]) -> torch.Tensor:
+    def _rope(self, n: int):
+        w = self.model.model.embed_tokens.weight
+        return self.model._rope(n, w.device, w.dtype)
+
+    def _feed(self, slots: list[int], pending: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Feed each row's committed tokens the draft has not seen (1, or 2 after a fully accepted
-        round); returns the logits after each row's last one [B, V]."""
+        round); returns the logits after each row's last one [B, V] (and the rows as a tensor for
+        the compiled steps that follow, else None)."""
         B, T = len(slots), max(len(p) for p in pending)
+        rows = None
         if self.model.decode is not None:  # compiled one-token steps
             rows = torch.tensor(slots, device=self.device)
             start = torch.tensor([self.valid[s] for s in slots], device=self.device)
             kv_len = max(self.valid[s] for s in slots) + 1
             for j in range(T):
                 ids = torch.tensor([[p[min(j, len(p) - 1)]] for p in pending], device=self.device)
-                out = self.model.decode(ids, self.cache, rows, start + j, kv_len + j)
+                out = self.model.decode(ids, self.cache, rows, start + j, kv_len + j, self._rope(kv_len + j))
                 if j == 0 or all(len(p) > j for p in pending):
                     logits = out
                 else:  # rows whose last pending token was at j-1 keep those logits (this write is garbage)
                     more = torch.tensor([len(p) > j for p in pending], device=self.device)
                     logits = torch.where(more[:, None], out, logits)
-            self._rows = rows
         else:
             ids = torch.tensor([p + [p[-1]] * (T - len(p)) for p in pending], device=self.device)
             step = Step(slots, [self.valid[s] for s in slots], T)
@@ -150,13 +155,14 @@ class DraftModelProposer:
                 logits = logits[torch.arange(B, device=self.device), last]  # [B, V]
         for s, p in zip(slots, pending):
             self.valid[s] += len(p)
-        return logits
+        return logits, rows
 
-    def _step(self, slots: list[int], x: torch.Tensor, i: int) -> torch.Tensor:
+    def _step(self, slots: list[int], rows: torch.Tensor | None, x: torch.Tensor, i: int) -> torch.Tensor:
         """Draft token ``i`` (``x`` [B]) goes in at ``valid + i``; returns the next logits [B, V]."""
         if self.model.decode is not None:
             pos = torch.tensor([self.valid[s] + i for s in slots], device=self.device)
-            return self.model.decode(x[:, None], self.cache, self._rows, pos, max(self.valid[s] for s in slots) + i + 1)
+            kv_len = max(self.valid[s] for s in slots) + i + 1
+            return self.model.decode(x[:, None], self.cache, rows, pos, kv_len, self._rope(kv_len))
         step = Step(slots, [self.valid[s] + i for s in slots], 1)
         return self.model(x[:, None], self.cache, step)[:, 0]
 
