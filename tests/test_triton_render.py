@@ -15,6 +15,7 @@ from tritonclient.grpc import model_config_pb2
 from trtspec.cli import main
 from trtspec.config import load_recipe, parse_recipe
 from trtspec.manifest import write_manifest
+from trtspec.speculative.runtime import RuntimeSpec
 from trtspec.triton.render import (
     TEMPLATES,
     RenderError,
@@ -169,11 +170,17 @@ def test_ensemble_client_contract(tmp_path, tiny_models):
 
 def test_torch_repository_carries_runtime_specs_and_manifest(tmp_path, tiny_models):
     target, draft = tiny_models
-    res = package(_tiny_recipe(target, draft), tmp_path / "repo")
+    recipe = _tiny_recipe(target, draft, runtime={"backend": "torch", "device": "cpu", "draft_weight_only": "int8",
+                                                  "compile_draft": True, "adaptive": {"enabled": True}})
+    res = package(recipe, tmp_path / "repo")
     spec = json.loads((tmp_path / "repo" / "tensorrt_llm" / "1" / "runtime_spec.json").read_text())
     base = json.loads((tmp_path / "repo" / "tensorrt_llm_baseline" / "1" / "runtime_spec.json").read_text())
     assert spec["method"] == "draft_target" and spec["draft"] == str(draft) and spec["target"] == str(target)
+    assert (spec["draft_weight_only"], spec["compile_draft"], spec["adaptive"]) == ("int8", True, True)
     assert base["method"] == "none" and base["draft"] is None and base["target"] == str(target)
+    # the fallback is ordinary decoding: no option that needs a draft survives (each would be refused)
+    assert (base["draft_weight_only"], base["compile_draft"], base["adaptive"]) == ("none", False, False)
+    RuntimeSpec.from_json(json.dumps(base))
     m = res.manifest
     assert m["kind"] == "triton-repository"
     assert m["speculative_model"] == "tensorrt_llm" and m["baseline_model"] == "tensorrt_llm_baseline"

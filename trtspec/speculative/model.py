@@ -267,7 +267,6 @@ class Attention(nn.Module):
         )  # [B, H, T, D]
         return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
-
     def decode_one(self, x, cos, sin, k_cache, v_cache, rows, pos, keep):
         """One token per row (``x``: [B, 1, hidden]) written at ``(rows, pos)``; attends to the
         row's keys where ``keep`` [B, S]. Index tensors only: see CausalLM.decode_one."""
@@ -441,7 +440,6 @@ class CausalLM(nn.Module):
         written with index tensors instead of a host-side :class:`Step`, so that one compiled graph
         (``compile_decode_``) serves every row set, position and batch size. Writes K/V at
         ``(rows, pos)`` and attends to keys ``<= pos`` of each row (same KV-cache invariant)."""
-        B = input_ids.shape[0]
         cos_t, sin_t = rope
         cos, sin = cos_t[pos][:, None, None], sin_t[pos][:, None, None]  # [B, 1, 1, D]
         keep = torch.arange(kv_len, device=pos.device)[None, :] <= pos[:, None]  # [B, S]

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
@@ -41,6 +41,12 @@ class RuntimeSpec:
     draft_weight_only: str = "none"  # none | int8: CausalLM / Eagle3Head .quantize_weight_only_
     compile_draft: bool = False  # draft_target: torch.compile the draft's one-token step
     extra: dict = field(default_factory=dict)
+
+    def baseline(self) -> "RuntimeSpec":
+        """The same target and runtime with ordinary decoding: the fallback deployed beside the
+        speculative one. Every option that only concerns a draft is reset here, in one place."""
+        return replace(self, method="none", draft=None, adaptive=False, draft_weight_only="none",
+                       compile_draft=False, min_acceptance_rate=None)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)

@@ -348,9 +348,7 @@ def _plan_torch(inp: ServingInputs):
     spec = inp.runtime_spec
     if spec is None:
         raise RenderError("runtime torch needs a RuntimeSpec", fix="build ServingInputs with inputs_from_recipe()")
-    from dataclasses import replace
-
-    plain = replace(spec, method="none", draft=None, adaptive=False, draft_weight_only="none")
+    plain = spec.baseline()
     if not inp.speculative:
         return None, "tensorrt_llm", [torch_engine_plan("tensorrt_llm", inp, plain, "baseline")]
     return "tensorrt_llm", "tensorrt_llm_baseline", [
