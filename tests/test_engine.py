@@ -306,6 +306,56 @@ def test_background_engine_picks_the_faster_thread_count_in_its_own_thread(pair,
         torch.set_num_threads(saved)
 
 
+def test_served_compiled_draft_compiles_before_the_first_request(tiny_models, pair, prompts, plain_outputs,
+                                                                  monkeypatch):
+    """Compiled code is specialised to the thread count, and the serving thread picks its own:
+    the compiled draft step is compiled again for that count before the thread takes requests,
+    so no request waits for inductor (a served run once spent seconds per request recompiling)."""
+    import threading
+
+    from torch._dynamo.utils import counters
+
+    import trtspec.speculative.engine as engine_mod
+
+    def one_thread(engine):  # what the serving thread picks on this box (see the test above)
+        torch.set_num_threads(1)
+        return {"threads": 1}
+
+    monkeypatch.setattr(engine_mod, "pick_thread_count", one_thread)
+    BackgroundEngine = engine_mod.BackgroundEngine
+    target, _ = pair
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)  # the engine (and its compiled step) is built with 2
+    try:
+        dc = load_causal_lm(tiny_models[1]).quantize_weight_only_()
+        eng = Engine(target, DraftModelProposer(dc, 4, 512, compile=True), max_draft_len=4, max_batch_size=4,
+                     max_seq_len=400)
+        bg = BackgroundEngine(eng)
+        try:
+            compiled = dict(counters["frames"]), dict(counters["stats"])
+            seen, done = {i: [] for i in range(6)}, threading.Event()
+            left = [6]
+
+            def cb(i):
+                def on(ev):
+                    seen[i].extend(ev.new_tokens)
+                    if ev.finished:
+                        left[0] -= 1
+                        if not left[0]:
+                            done.set()
+                return on
+
+            for i in range(6):  # more requests than slots: batches of 1..4 rows at mixed positions
+                bg.submit(prompts[i], GREEDY, cb(i))
+            assert done.wait(120)
+        finally:
+            bg.shutdown()
+        assert [seen[i] for i in range(6)] == plain_outputs[:6]
+        assert (dict(counters["frames"]), dict(counters["stats"])) == compiled
+    finally:
+        torch.set_num_threads(saved)
+
+
 def test_background_engine_serves_when_the_thread_count_measurement_fails(pair, prompts, monkeypatch):
     """The measurement runs in the engine thread before its loop: a failure there must leave the
     configured thread count and a working engine, not a dead thread that never answers."""

@@ -512,6 +512,12 @@ class BackgroundEngine:
                 self.threads = pick_thread_count(self.engine)
         except Exception:  # noqa: BLE001 - keep the configured count; the loop must run regardless
             self.threads = None
+        try:  # a compiled draft step is specialised to the thread count: compile for this one now
+            warm_up = getattr(self.engine.proposer, "warm_up", None)
+            if warm_up is not None:
+                warm_up()
+        except Exception:  # noqa: BLE001 - it compiled when the engine was built; requests will retry
+            pass
         finally:
             self._started.set()
         while True:

@@ -46,6 +46,8 @@ class Proposer(Protocol):
     def release(self, slot: int) -> None:
         """The request in ``slot`` finished."""
 
+    # optional: ``warm_up()``, called by the serving thread before its first request (compiled steps)
+
 
 def _empty(B: int, device) -> Proposal:
     return Proposal(torch.zeros(B, 0, dtype=torch.long, device=device), None, torch.zeros(B, dtype=torch.long, device=device))
@@ -71,16 +73,12 @@ class DraftModelProposer:
         if compile:
             self._compile(max_slots, max_len)
 
-    @torch.inference_mode()
     def _compile(self, max_slots: int, max_len: int) -> None:
-        """Compile the draft's one-token step and warm it up now (batch 1 and, when the engine
-        batches, batch 2: dynamic from there on), so that no request pays for compilation. The
-        warm-up writes rows 0/1 at position 1 of a cache that holds nothing valid yet."""
+        """Compile the draft's one-token step and warm it up now, so that no request pays for
+        compilation; failures surface here, as a config error."""
         self.model.compile_decode_()
         try:
-            for B in (1, 2) if max_slots > 1 else (1,):
-                one = torch.ones(B, dtype=torch.long, device=self.device)  # not 0/1-sized: those specialize
-                self.model.decode(one[:, None], self.cache, torch.arange(B, device=self.device), one, 2, self._rope(2))
+            self.warm_up()
         except Exception as e:  # noqa: BLE001 - inductor fails in many ways (no C++ compiler, …)
             self.model.decode = None
             raise ModelError(
@@ -88,6 +86,18 @@ class DraftModelProposer:
                 f"{str(e).splitlines()[0] if str(e) else ''})",
                 fix="set runtime.compile_draft: false (eager steps, same outputs), or install a C++ compiler (gcc)",
             ) from None
+
+    @torch.inference_mode()
+    def warm_up(self) -> None:
+        """Run the compiled step once at batch 1 and (when the engine batches) batch 2, dynamic
+        from there on. Compiled code is specialised to the calling thread's torch thread count, so
+        the serving thread calls this again after picking its count (BackgroundEngine). Writes
+        rows 0/1 at position 1 of the cache: only call it while those slots hold no request."""
+        if self.model.decode is None:
+            return
+        for B in (1, 2) if self.cache.batch > 1 else (1,):
+            one = torch.ones(B, dtype=torch.long, device=self.device)  # not 0/1-sized: those specialize
+            self.model.decode(one[:, None], self.cache, torch.arange(B, device=self.device), one, 2, self._rope(2))
 
     @torch.inference_mode()
     def prefill(self, slot, seq, target_hidden=None):
