@@ -357,8 +357,9 @@ class RuntimeConfig(Strict):
     compile_draft: bool = Field(
         False,
         description="torch runtime, draft_target: compile the draft model's one-token step with torch.compile "
-        "(inductor, needs a C++ compiler on CPU): its ~35 small ops per token fuse into a few kernels; compiled "
-        "once when the engine is built (seconds, cached on disk); outputs do not change",
+        "(inductor, needs a C++ compiler on CPU): a small draft's many small ops per token fuse into a few "
+        "kernels; compiled when the engine is built (seconds for a 1-layer draft, minutes for a 24-layer one; "
+        "cached on disk); outputs do not change",
     )
     adaptive: Adaptive = Adaptive()
     trtllm: TrtllmOptions = TrtllmOptions()
