@@ -352,8 +352,34 @@ def test_served_compiled_draft_compiles_before_the_first_request(tiny_models, pa
             bg.shutdown()
         assert [seen[i] for i in range(6)] == plain_outputs[:6]
         assert (dict(counters["frames"]), dict(counters["stats"])) == compiled
+        assert bg.warm_up_error is None
     finally:
         torch.set_num_threads(saved)
+
+
+def test_background_engine_serves_when_the_proposers_warm_up_fails(pair, prompts, plain_outputs):
+    """A failed warm-up in the engine thread is recorded (the Triton model logs it) and the
+    engine still serves."""
+    import threading
+
+    from trtspec.speculative.engine import BackgroundEngine
+
+    target, _ = pair
+    prop = NgramProposer(3, 1)
+
+    def broken():
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found\nmore")
+
+    prop.warm_up = broken
+    bg = BackgroundEngine(Engine(target, prop, max_batch_size=1, max_seq_len=400), pick_threads=False)
+    try:
+        assert bg.warm_up_error == "RuntimeError: InvalidCxxCompiler: No working C++ compiler found"
+        seen, done = [], threading.Event()
+        bg.submit(prompts[0], GREEDY, lambda ev: (seen.extend(ev.new_tokens), ev.finished and done.set()))
+        assert done.wait(60)
+    finally:
+        bg.shutdown()
+    assert seen == plain_outputs[0]
 
 
 def test_background_engine_serves_when_the_thread_count_measurement_fails(pair, prompts, monkeypatch):

@@ -456,6 +456,7 @@ class BackgroundEngine:
         self.max_queue = max_queue
         self.pick_threads = pick_threads
         self.threads: dict | None = None  # the engine thread's torch thread count, and the timings
+        self.warm_up_error: str | None = None  # the proposer's warm-up failed in the engine thread
         self._queue: collections.deque[tuple[Request, Callback, list[int] | None]] = collections.deque()
         self._callbacks: dict[int, Callback] = {}
         self._cv = threading.Condition()
@@ -516,8 +517,8 @@ class BackgroundEngine:
             warm_up = getattr(self.engine.proposer, "warm_up", None)
             if warm_up is not None:
                 warm_up()
-        except Exception:  # noqa: BLE001 - it compiled when the engine was built; requests will retry
-            pass
+        except Exception as e:  # noqa: BLE001 - it compiled when the engine was built; requests will retry
+            self.warm_up_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
         finally:
             self._started.set()
         while True:

@@ -196,6 +196,9 @@ class EngineModel:
             + (f", engine thread: {self.background.threads['threads']} torch thread(s) of "
                f"{self.background.threads['configured']}, the faster here" if self.background.threads else "")
             + ")")
+        if self.background.warm_up_error:
+            self.pb.Logger.log_warn(f"{self.name}: the draft's warm-up in the engine thread failed "
+                                    f"({self.background.warm_up_error}); the first requests compile it")
 
     def execute(self, requests):
         for request in requests:
