@@ -15,6 +15,7 @@ is kept in the JSON. Greedy outputs are compared token by token with (a).
 
     python scripts/bench_engine.py                 # tiny pair, ~2 minutes on 2 cores
     python scripts/bench_engine.py --real          # Qwen2.5-Coder 1.5B + 0.5B (trtspec models qwen)
+    python scripts/bench_engine.py --paired 4 --only e,e8,e8c   # ours only, alternating prompt by prompt
 
 Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-draft-len is given).
 """
@@ -65,6 +66,55 @@ def cache_pressure(target, k: int, pause_s: float = 0.0025, n: int = 60) -> dict
             "pause_ms": pause_s * 1e3, "pressure": round(after / back, 3)}
 
 
+def paired(args, pair: str, configs: dict, target, prompts, greedy, k: int, max_len: int) -> int:
+    """Our configurations, alternating prompt by prompt: each round runs every prompt through every
+    configuration before the next prompt, so load that comes and goes within seconds hits all of
+    them alike. Reports the ratio of total times to plain decoding and the spread over rounds."""
+    from trtspec.speculative.engine import Engine
+
+    engines = {key: Engine(target, fn.proposer() if fn.proposer else None, max_draft_len=k, max_batch_size=1,
+                           max_seq_len=max_len) for key, (_, fn) in configs.items()}
+    totals = dict.fromkeys(engines, 0.0)
+    per_round: dict[str, list[float]] = {key: [] for key in engines}
+    pressure_before = cache_pressure(target, k)
+    for r in range(args.paired):
+        spent = dict.fromkeys(engines, 0.0)
+        for p in prompts:
+            for key, eng in engines.items():
+                t0 = time.perf_counter()
+                eng.generate([p], greedy)
+                spent[key] += time.perf_counter() - t0
+        for key in engines:
+            totals[key] += spent[key]
+            per_round[key].append(spent["a"] / spent[key])
+        print(f"[{r + 1}/{args.paired}] " + "  ".join(f"{key} {spent['a'] / spent[key]:.3f}×" for key in engines if key != "a"),
+              flush=True)
+    pressure_after = cache_pressure(target, k)
+    rows = [{"key": key, "config": configs[key][0], "speedup_vs_ours_plain": round(totals["a"] / totals[key], 3),
+             "rounds_min": round(min(per_round[key]), 3), "rounds_max": round(max(per_round[key]), 3)}
+            for key in engines]
+    summary = {"pair": pair, "mode": "paired", "rounds": args.paired, "prompts": len(prompts),
+               "max_new_tokens": greedy.max_new_tokens, "max_draft_len": k, "threads": args.threads, "rows": rows,
+               "cache_pressure": {"before": pressure_before, "after": pressure_after}}
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem = f"engine_{pair}_paired" + (f"_k{args.max_draft_len}" if args.max_draft_len else "")
+    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    cmd = "python " + " ".join(["scripts/bench_engine.py", *sys.argv[1:]])
+    md = [f"# Engine benchmark ({pair} pair), prompt by prompt", "",
+          f"`{cmd}` — {len(prompts)} prompts × {greedy.max_new_tokens} new tokens, greedy, batch 1, "
+          f"{args.threads} threads; {args.paired} rounds, each running every prompt through every configuration "
+          "before the next prompt.", "",
+          "| config | vs ours plain (total time) | rounds: min | rounds: max |", "|---|---:|---:|---:|"]
+    md += [f"| {row['config']} | {row['speedup_vs_ours_plain']}× | {row['rounds_min']}× | {row['rounds_max']}× |"
+           for row in rows]
+    md += ["", f"Cache pressure (as in the main table): {pressure_before['pressure']:.2f} before, "
+               f"{pressure_after['pressure']:.2f} after.", ""]
+    (out_dir / f"{stem}.md").write_text("\n".join(md) + "\n")
+    print("\n".join(md))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--real", action="store_true", help="use the Qwen2.5-Coder 1.5B/0.5B pair")
@@ -77,6 +127,9 @@ def main() -> int:
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     ap.add_argument("--only", default=None, help="comma list of config keys to run (a..g)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
+                    help="instead: our configurations only, alternating prompt by prompt for ROUNDS rounds "
+                         "(ratios of total time; robust to noise that comes and goes within seconds)")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -115,8 +168,10 @@ def main() -> int:
     draft = load_causal_lm(ddir, dtype=dtype).fuse_()
     draft_w8 = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # runtime.draft_weight_only: int8
     draft_w8c = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # + runtime.compile_draft
-    hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
-    hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=dtype).eval()
+    hf_t = hf_d = None  # --paired compares our configurations only
+    if not args.paired:
+        hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
+        hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=dtype).eval()
     greedy = SamplingParams(max_new_tokens=max_new, ignore_eos=False)
     max_len = max(len(p) for p in prompts) + max_new + k + 8
 
@@ -131,6 +186,7 @@ def main() -> int:
                 agg.add(g.stats)
             return outs, {"acceptance_rate": agg.acceptance_rate, "acceptance_length": agg.acceptance_length,
                           "drafted": agg.drafted, "accepted": agg.accepted}
+        run.ours, run.proposer = True, proposer  # for --paired
         return run
 
     def hf(**kw):
@@ -199,6 +255,9 @@ def main() -> int:
         t0 = time.perf_counter()
         DraftModelProposer(draft_w8c, 1, max_len + k + 4, compile=True)
         print(f"compiled the INT8 draft's decode step in {time.perf_counter() - t0:.1f} s", flush=True)
+    if args.paired:
+        return paired(args, pair, {key: v for key, v in configs.items() if getattr(v[1], "ours", False)},
+                      target, prompts, greedy, k, max_len)
 
     pressure_before = cache_pressure(target, k)
     results = {key: {"name": name, "tok_s": [], "extra": None, "outputs": None} for key, (name, _) in configs.items()}
