@@ -71,9 +71,9 @@ class DraftModelProposer:
         self.written = [0] * max_slots  # draft positions written past valid in the last round
         self.device = model.model.embed_tokens.weight.device
         if compile:
-            self._compile(max_slots, max_len)
+            self._compile()
 
-    def _compile(self, max_slots: int, max_len: int) -> None:
+    def _compile(self) -> None:
         """Compile the draft's one-token step and warm it up now, so that no request pays for
         compilation; failures surface here, as a config error."""
         self.model.compile_decode_()
