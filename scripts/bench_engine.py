@@ -102,10 +102,6 @@ def paired(args, pair: str, configs: dict, target, prompts, greedy, k: int, max_
     summary = {"pair": pair, "mode": "paired", "rounds": args.paired, "prompts": len(prompts),
                "max_new_tokens": greedy.max_new_tokens, "max_draft_len": k, "threads": args.threads, "rows": rows,
                "cache_pressure": {"before": pressure_before, "after": pressure_after}}
-    out_dir = pathlib.Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"engine_{pair}_paired" + (f"_k{args.max_draft_len}" if args.max_draft_len else "")
-    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     cmd = "python " + " ".join(["scripts/bench_engine.py", *sys.argv[1:]])
     md = [f"# Engine benchmark ({pair} pair), prompt by prompt", "",
           f"`{cmd}` — {len(prompts)} prompts × {greedy.max_new_tokens} new tokens, greedy, batch 1, "
@@ -118,9 +114,18 @@ def paired(args, pair: str, configs: dict, target, prompts, greedy, k: int, max_
                f"{pressure_after['pressure']:.2f} after."
                + (" **The machine was disturbed.**" if disturbed((pressure_before["pressure"], pressure_after["pressure"]))
                   else ""), ""]
+    write_results(args, f"engine_{pair}_paired", summary, md)
+    return 0
+
+
+def write_results(args, stem: str, summary: dict, md: list[str]) -> None:
+    """``<stem>[_k<K>].json`` and ``.md`` under ``--out``; the table is printed too."""
+    out_dir = pathlib.Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stem += f"_k{args.max_draft_len}" if args.max_draft_len else ""
+    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out_dir / f"{stem}.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
-    return 0
 
 
 def main() -> int:
@@ -309,10 +314,6 @@ def main() -> int:
             summary[f"{label}_vs_plain"] = round(max(results[key]["tok_s"]) / base, 3)
             if hf_assist_best:
                 summary[f"{label}_vs_hf_assisted_best"] = round(max(results[key]["tok_s"]) / hf_assist_best, 3)
-    out_dir = pathlib.Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stem = f"engine_{pair}" + (f"_k{args.max_draft_len}" if args.max_draft_len else "")
-    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
     cmd = "python " + " ".join(["scripts/bench_engine.py", *sys.argv[1:]])
     md = [f"# Engine benchmark ({pair} pair)", "",
           f"`{cmd}` — {len(prompts)} prompts × {max_new} new tokens, greedy, batch 1, {dtype_name}, "
@@ -337,8 +338,7 @@ def main() -> int:
         if f"{label}_vs_hf_assisted_best" in summary:
             md.append(f"{what} vs plain: **{summary[f'{label}_vs_plain']}×**; vs the best HF assisted "
                       f"configuration: **{summary[f'{label}_vs_hf_assisted_best']}×**.")
-    (out_dir / f"{stem}.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    write_results(args, f"engine_{pair}", summary, md)
     return 0
 
 

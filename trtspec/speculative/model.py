@@ -230,13 +230,19 @@ class Attention(nn.Module):
         # see CausalLM.fuse_: (weight, bias) of q|k|v in one matmul, or that matmul in INT8
         self.fused: tuple[torch.Tensor, torch.Tensor | None] | Int8Linear | None = None
 
+    def _qkv(self, x: torch.Tensor) -> torch.Tensor:
+        """q|k|v in one tensor [..., (H + 2 Hkv) D]: the fused matmul (fp or INT8), else the three
+        projections (wrapped, e.g. by ModelOpt) one by one."""
+        f = self.fused
+        if f is None:
+            return torch.cat([_linear(self.q_proj, x), _linear(self.k_proj, x), _linear(self.v_proj, x)], -1)
+        return F.linear(x, *f) if type(f) is tuple else f.forward(x)
+
     def forward(self, x, cos, sin, k_cache, v_cache, step: Step, mask, index):
         B, T, _ = x.shape  # x: [B, T, hidden]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
         if self.fused is not None:
-            f = self.fused
-            qkv = F.linear(x, *f) if type(f) is tuple else f.forward(x)
-            qkv = qkv.view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, T, D]
+            qkv = self._qkv(x).view(B, T, H + 2 * Hkv, D).transpose(1, 2)  # [B, H+2Hkv, T, D]
             qk, v = qkv[:, : H + Hkv], qkv[:, H + Hkv :]
             qk = qk * cos + rotate_half(qk) * sin  # rope on q and k in one pass
             q, k = qk[:, :H], qk[:, H:]
@@ -272,12 +278,7 @@ class Attention(nn.Module):
         row's keys where ``keep`` [B, S]. Index tensors only: see CausalLM.decode_one."""
         B = x.shape[0]
         H, Hkv, D = self.n_heads, self.n_kv, self.head_dim
-        f = self.fused
-        if f is None:
-            qkv = torch.cat([_linear(self.q_proj, x), _linear(self.k_proj, x), _linear(self.v_proj, x)], -1)
-        else:
-            qkv = F.linear(x, *f) if type(f) is tuple else f.forward(x)
-        qkv = qkv.view(B, H + 2 * Hkv, D)
+        qkv = self._qkv(x).view(B, H + 2 * Hkv, D)
         qk, v = qkv[:, : H + Hkv], qkv[:, H + Hkv :]
         qk = qk * cos[:, 0] + rotate_half(qk) * sin[:, 0]
         q, k = qk[:, :H], qk[:, H:]
@@ -393,6 +394,11 @@ class CausalLM(nn.Module):
             self.lm_head.weight.data = layout(self.lm_head.weight.data)
         return self
 
+    @property
+    def modelopt_quantized(self) -> bool:
+        """ModelOpt wraps the linears it quantizes (QuantLinear, …): fake-quant, eager only."""
+        return any(type(m).__name__.startswith("Quant") for m in self.modules())
+
     @torch.no_grad()
     def quantize_weight_only_(self) -> "CausalLM":
         """Run every linear layer (the LM head included) with INT8 weights (:class:`Int8Linear`).
@@ -404,7 +410,7 @@ class CausalLM(nn.Module):
         Not reversible: the fp weights of the replaced layers are dropped."""
         if self.weight_only:
             raise ModelError("this model already runs with INT8 weights", fix="load the checkpoint again")
-        if any(type(m).__name__.startswith("Quant") for m in self.modules()):
+        if self.modelopt_quantized:
             raise ModelError(
                 "this model is already quantized by ModelOpt; INT8 weight-only would quantize it twice",
                 fix="drop runtime.draft_weight_only, or use the unquantized checkpoint",
@@ -455,7 +461,7 @@ class CausalLM(nn.Module):
         a 1-layer draft's ~35 small ops per token fuse into a handful of kernels. Returns self;
         ``self.decode`` is then the compiled step (``None`` before). Compilation happens on the
         first call (seconds; inductor caches it on disk)."""
-        if any(type(m).__name__.startswith("Quant") for m in self.modules()):
+        if self.modelopt_quantized:
             raise ModelError(
                 "a ModelOpt-quantized (fake-quant) model cannot be compiled by the torch runtime",
                 fix="set runtime.compile_draft: false, or use the unquantized draft",
