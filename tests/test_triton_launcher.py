@@ -148,3 +148,32 @@ def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):
     assert "stopped (tritonserver exit code 0)" in err
     with pytest.raises(OSError):
         urllib.request.urlopen(endpoints["http"] + "/v2/health/live", timeout=2)
+
+
+def test_cli_serve_stopped_while_loading_leaves_nothing_running(tmp_path):
+    """SIGTERM while a model is still loading: the launcher stops the server it started (no
+    tritonserver orphaned in its own process group) and exits 128+SIGTERM."""
+    model(tmp_path / "repo", "slow", init="import time; time.sleep(60)")
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    records = tmp / "trtspec-triton-servers"
+    trtspec = pathlib.Path(sys.executable).parent / "trtspec"
+    proc = subprocess.Popen([str(trtspec), "serve", str(tmp_path / "repo"), "--json", "--ready-timeout", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        deadline = time.monotonic() + 60
+        while not list(records.glob("*.json")):  # written once tritonserver runs, before it is ready
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            time.sleep(0.05)
+        server_pid = json.loads(next(records.glob("*.json")).read_text())["server_pid"]
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 128 + signal.SIGTERM, err
+    assert out == ""  # never announced as ready
+    assert "stopped by SIGTERM before the server was ready" in err
+    assert not group_alive(server_pid)
+    assert not list(records.glob("*.json"))

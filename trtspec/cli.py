@@ -675,8 +675,7 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     the server with an error (exit 1). Single-process servers only.
     """
     from trtspec.triton.mpi import planned_launch, with_repository_layout
-    from trtspec.triton.render import read_repository_manifest
-    from trtspec.triton.server import server_for_repository
+    from trtspec.triton.server import StopRequested, StopSignals, server_for_repository
     from trtspec.triton.watchdog import WatchdogSettings
 
     watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
@@ -696,6 +695,20 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
             click.echo(plan.describe(), nl=False)
         return
     err.print(f"starting tritonserver on {repo} ...")
+    # handlers go in before the start: a signal between readiness and serve_forever is not lost,
+    # and one during start-up stops what was started (exit 128+signal) instead of orphaning it
+    with StopSignals() as signals:
+        try:
+            _serve_until_stopped(server, repo, signals, as_json)
+        except StopRequested as e:
+            err.print(f"stopped by {e} before the server was ready; nothing left running")
+            sys.exit(128 + e.signum)
+    err.print(f"stopped (tritonserver exit code {server.returncode})")
+
+
+def _serve_until_stopped(server, repo: str, signals, as_json: bool) -> None:
+    from trtspec.triton.render import read_repository_manifest
+
     with server:
         e = server.endpoints
         if as_json:
@@ -714,9 +727,8 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
             if server.watchdog is not None:
                 out.print("  watchdog reloads models whose python stub died (trtspec_watchdog_* on /metrics)")
             out.print("[dim]Ctrl-C to stop[/]")
-        server.serve_forever()
+        server.serve_forever(signals)
         err.print("stopping (draining in-flight requests) ...")
-    err.print(f"stopped (tritonserver exit code {server.returncode})")
 
 
 # --------------------------------------------------------------------------------------------

@@ -440,27 +440,65 @@ class TritonServer:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def serve_forever(self) -> None:
+    def serve_forever(self, signals: "StopSignals | None" = None) -> None:
         """Block until Ctrl-C, SIGTERM or SIGHUP (then return; the caller stops the server
         gracefully).
 
-        A server that exits by itself meanwhile is an error, with the reason from its log, and so
-        is a watchdog that gave up (a reload that failed or timed out, a crash loop).
-        Signal handlers can only be installed from the main thread.
+        Pass the :class:`StopSignals` the caller installed before :meth:`start` so that a signal
+        that arrives between readiness and this call is not lost (``trtspec serve``); without it
+        the handlers are installed here. A server that exits by itself meanwhile is an error, with
+        the reason from its log, and so is a watchdog that gave up (a reload that failed or timed
+        out, a crash loop). Signal handlers can only be installed from the main thread.
         """
-        stop = threading.Event()
-        handled = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-        old = {s: signal.signal(s, lambda *_: stop.set()) for s in handled}
-        try:
-            while not stop.wait(0.5):
+        with contextlib.ExitStack() as stack:
+            if signals is None:
+                signals = stack.enter_context(StopSignals())
+            signals.serving = True
+            while not signals.stop.wait(0.5):
                 rc = self.proc.poll()
                 if rc is not None:
                     raise self._failure(f"tritonserver exited by itself (code {rc})")
                 if self.watchdog is not None and self.watchdog.error is not None:
                     raise self.watchdog.error
-        finally:
-            for s, h in old.items():
-                signal.signal(s, h)
+
+
+class StopRequested(BaseException):
+    """SIGINT/SIGTERM/SIGHUP arrived before the server was serving (a BaseException, like
+    KeyboardInterrupt, so no ``except Exception`` on the way swallows it); :meth:`TritonServer.start`
+    stops what it started and re-raises it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """Handlers for SIGINT, SIGTERM and SIGHUP, installed on enter and restored on exit.
+
+    Before :meth:`TritonServer.serve_forever` runs, a signal raises :class:`StopRequested` (a
+    stop during start-up cleans up instead of leaving tritonserver orphaned in its own process
+    group); from then on it sets :attr:`stop`, which ``serve_forever`` waits on.
+    """
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.serving = False
+        self._old: dict = {}
+
+    def _handle(self, signum, _frame) -> None:
+        self.stop.set()
+        if not self.serving:
+            raise StopRequested(signum)
+
+    def __enter__(self) -> "StopSignals":
+        self._old = {s: signal.signal(s, self._handle) for s in self.HANDLED}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
 
 
 def server_for_repository(
