@@ -137,3 +137,44 @@ def test_server_dying_mid_validation_fails_cleanly_and_rerun_completes(tmp_path,
     assert res.verdict is not None and res.report_dir is not None
     report = (res.report_dir / "report.md").read_text()
     assert "Verdict" in report and "acceptance rate" in report
+
+
+def test_sigterm_mid_validation_stops_the_server_and_keeps_finished_stages(tmp_path, tiny_models):
+    """`trtspec run` stopped by SIGTERM (a CI job cancelled, a pod evicted) while its server is up:
+    the server, in its own process group, is stopped rather than orphaned; exit 128+SIGTERM; the
+    stages finished before are kept for the re-run."""
+    import json
+    import subprocess
+    import sys
+
+    target, _ = tiny_models
+    validation = {"prompts": "builtin:stdlib", "num_prompts": 6, "max_tokens": 64, "concurrency": [1],
+                  "requests_per_level": 200, "warmup_requests": 0,
+                  "gates": {"min_speedup": 0.01, "min_acceptance_rate": 0.0}}
+    recipe = _recipe(tmp_path, target, None, name="pipe-term", validation=validation)
+    tmp, wd = tmp_path / "tmp", tmp_path / "work"
+    tmp.mkdir()
+    records = tmp / "trtspec-triton-servers"
+    trtspec = pathlib.Path(sys.executable).parent / "trtspec"
+    proc = subprocess.Popen([str(trtspec), "run", str(recipe), "--workdir", str(wd)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+    try:
+        seen = []
+        for line in proc.stdout:  # the CLI prints each stage; the server is up once "serve" is done
+            seen.append(line)
+            if "serve" in line and "gRPC" in line:
+                break
+        else:
+            pytest.fail("".join(seen) + proc.stderr.read())
+        server_pid = json.loads(next(records.glob("*.json")).read_text())["server_pid"]
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(120)
+        out, err = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 128 + signal.SIGTERM, out + err
+    assert "terminated: everything started was stopped" in err
+    assert not _alive(server_pid), f"server processes left running: {_alive(server_pid)}"
+    assert not list(records.glob("*.json"))
+    assert _stage_manifests(wd) == {"check", "quantize", "build", "package"}

@@ -10,7 +10,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
+import threading
 import traceback
 
 import click
@@ -31,6 +33,19 @@ def _debug() -> bool:
     return os.environ.get("TRTSPEC_DEBUG", "") not in ("", "0")
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so every path that stops what it started on Ctrl-C (servers in
+    their own process group, TRT-LLM child processes, a pipeline stage) does so on SIGTERM too."""
+
+
+def _raise_terminated(signum, frame) -> None:
+    raise Terminated()
+
+
+def _interrupted_exit_code(e: KeyboardInterrupt) -> int:
+    return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+
+
 def handle_errors(fn):
     """Turn library errors into messages and exit codes; keep tracebacks for --debug."""
 
@@ -44,9 +59,9 @@ def handle_errors(fn):
             # messages carry tool output (stderr tails with [brackets]): never markup
             err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
             sys.exit(e.exit_code)
-        except KeyboardInterrupt:
-            err.print("[yellow]interrupted[/]")
-            sys.exit(130)
+        except KeyboardInterrupt as e:
+            err.print("[yellow]terminated[/]" if isinstance(e, Terminated) else "[yellow]interrupted[/]")
+            sys.exit(_interrupted_exit_code(e))
         except click.exceptions.Exit:
             raise
         except click.ClickException:
@@ -72,6 +87,8 @@ def main(debug: bool) -> None:
     """
     if debug:
         os.environ["TRTSPEC_DEBUG"] = "1"
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1074,9 +1091,10 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
         recipe = load_recipe(config)
         wd = pathlib.Path(workdir) if workdir else pathlib.Path("runs") / recipe.name
         res = Pipeline(recipe, wd, source=config, on_event=on_event).run(start=start, until=until)
-    except KeyboardInterrupt:
-        err.print("[yellow]interrupted: everything started was stopped; re-run to resume[/]")
-        sys.exit(130)
+    except KeyboardInterrupt as e:
+        what = "terminated" if isinstance(e, Terminated) else "interrupted"
+        err.print(f"[yellow]{what}: everything started was stopped; re-run to resume[/]")
+        sys.exit(_interrupted_exit_code(e))
     except TrtspecError as e:
         if _debug():
             traceback.print_exc()
