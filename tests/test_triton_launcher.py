@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from trtspec.errors import ServerError
-from trtspec.triton.server import TritonServer, model_failures, models_still_loading
+from trtspec.triton.server import StopRequested, StopSignals, TritonServer, model_failures, models_still_loading
 
 ECHO_CONFIG = """name: "{name}"
 backend: "python"
@@ -177,3 +177,20 @@ def test_cli_serve_stopped_while_loading_leaves_nothing_running(tmp_path):
     assert "stopped by SIGTERM before the server was ready" in err
     assert not group_alive(server_pid)
     assert not list(records.glob("*.json"))
+
+
+def test_stop_signals_raise_until_serving_then_only_set_the_event():
+    """The contract `trtspec serve` relies on: before the server is ready a signal aborts the
+    start (StopRequested); once ready it only asks serve_forever to return; handlers are restored."""
+    before, before_hup = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGHUP)
+    with pytest.raises(StopRequested) as e:
+        with StopSignals():
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(1)  # the handler runs at the next bytecode boundary; never reached
+    assert e.value.signum == signal.SIGTERM and str(e.value) == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+    with StopSignals() as signals:
+        signals.serving = True
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert signals.stop.wait(5)
+    assert signal.getsignal(signal.SIGHUP) is before_hup

@@ -727,6 +727,7 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool) -> None:
     from trtspec.triton.render import read_repository_manifest
 
     with server:
+        signals.serving = True  # ready: from here a signal means "drain and stop", exit 0
         e = server.endpoints
         if as_json:
             click.echo(json.dumps({**e.to_dict(), "log": str(server.log_path),

@@ -475,9 +475,10 @@ class StopRequested(BaseException):
 class StopSignals:
     """Handlers for SIGINT, SIGTERM and SIGHUP, installed on enter and restored on exit.
 
-    Before :meth:`TritonServer.serve_forever` runs, a signal raises :class:`StopRequested` (a
-    stop during start-up cleans up instead of leaving tritonserver orphaned in its own process
-    group); from then on it sets :attr:`stop`, which ``serve_forever`` waits on.
+    Until :attr:`serving` is set (by the caller once the server is ready, at the latest by
+    :meth:`TritonServer.serve_forever`), a signal raises :class:`StopRequested`: a stop during
+    start-up cleans up instead of leaving tritonserver orphaned in its own process group. From
+    then on it sets :attr:`stop`, which ``serve_forever`` waits on.
     """
 
     HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
