@@ -143,9 +143,10 @@ def test_sigterm_mid_validation_stops_the_server_and_keeps_finished_stages(tmp_p
     """`trtspec run` stopped by SIGTERM (a CI job cancelled, a pod evicted) while its server is up:
     the server, in its own process group, is stopped rather than orphaned; exit 128+SIGTERM; the
     stages finished before are kept for the re-run."""
-    import json
     import subprocess
     import sys
+
+    from test_triton_launcher import sigterm_launcher
 
     target, _ = tiny_models
     validation = {"prompts": "builtin:stdlib", "num_prompts": 6, "max_tokens": 64, "concurrency": [1],
@@ -166,13 +167,10 @@ def test_sigterm_mid_validation_stops_the_server_and_keeps_finished_stages(tmp_p
                 break
         else:
             pytest.fail("".join(seen) + proc.stderr.read())
-        server_pid = json.loads(next(records.glob("*.json")).read_text())["server_pid"]
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(120)
-        out, err = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    except BaseException:
+        proc.kill()
+        raise
+    server_pid, rc, out, err = sigterm_launcher(proc, records, timeout=120)
     assert rc == 128 + signal.SIGTERM, out + err
     assert "terminated: everything started was stopped" in err
     assert not _alive(server_pid), f"server processes left running: {_alive(server_pid)}"

@@ -60,6 +60,21 @@ def group_alive(pgid: int, wait: float = 10.0) -> bool:
         time.sleep(0.1)
 
 
+def sigterm_launcher(proc: subprocess.Popen, records: pathlib.Path, timeout: float = 60) -> tuple[int, int, str, str]:
+    """SIGTERM a running `trtspec` launcher whose server recorded itself in ``records``
+    ($TMPDIR/trtspec-triton-servers); -> (server pid, exit code, stdout, stderr). Kills the
+    launcher if it does not exit."""
+    try:
+        server_pid = json.loads(next(records.glob("*.json")).read_text())["server_pid"]
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(timeout)
+        out, err = proc.communicate()
+        return server_pid, rc, out, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_start_ready_stop_cleans_up(tmp_path):
     model(tmp_path / "repo", "echo")
     with TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=60) as s:
@@ -165,13 +180,10 @@ def test_cli_serve_stopped_while_loading_leaves_nothing_running(tmp_path):
         while not list(records.glob("*.json")):  # written once tritonserver runs, before it is ready
             assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
             time.sleep(0.05)
-        server_pid = json.loads(next(records.glob("*.json")).read_text())["server_pid"]
-        proc.send_signal(signal.SIGTERM)
-        rc = proc.wait(60)
-        out, err = proc.communicate()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    except BaseException:
+        proc.kill()
+        raise
+    server_pid, rc, out, err = sigterm_launcher(proc, records)
     assert rc == 128 + signal.SIGTERM, err
     assert out == ""  # never announced as ready
     assert "stopped by SIGTERM before the server was ready" in err
