@@ -386,8 +386,9 @@ def test_engine_stub_killed_mid_stream(deployment, reference):
 
 def test_router_stub_killed_mid_stream(deployment, reference):
     """A dead router (the ensemble's middle step) leaves its in-flight requests unanswered by
-    Triton 2.51: the client's deadline ends them. Its engine is stuck too (its next response to
-    the dead router blocks its thread), so the watchdog reloads the engine, then the router."""
+    Triton 2.51: the client's deadline ends them. The watchdog reloads the engine it called, then
+    the router. The engine is not stuck: the router's gRPC stream to it died with the router, so
+    no old engine instance is left holding requests (over BLS it was: killed_stuck)."""
     events = len(deployment.server.watchdog.events)
     killed = []
 
@@ -404,13 +405,11 @@ def test_router_stub_killed_mid_stream(deployment, reference):
         reload_s = _reloaded(deployment, "router_baseline", events)
         wait_until(lambda: _serves(c, reference), timeout=60, every=0.2)
         recovered = time.monotonic() - killed[2]
-    wait_until(lambda: any(e.kind == "killed_stuck" for e in deployment.server.watchdog.events[events:]),
-               timeout=60, every=0.2)
+    time.sleep(deployment.server.watchdog.settings.drain_s + 2)  # when a blocked old instance would be killed
     kinds = [(ev.kind, ev.model) for ev in deployment.server.watchdog.events[events:]]
-    # the engine's old instance was blocked: it is removed after drain_s (2 s here)
-    assert kinds[:5] == [("unhealthy", "router_baseline"), ("unhealthy", "tensorrt_llm_baseline"),
-                         ("reloaded", "tensorrt_llm_baseline"), ("reloaded", "router_baseline"),
-                         ("killed_stuck", "tensorrt_llm_baseline")], kinds
+    assert kinds[:4] == [("unhealthy", "router_baseline"), ("unhealthy", "tensorrt_llm_baseline"),
+                         ("reloaded", "tensorrt_llm_baseline"), ("reloaded", "router_baseline")], kinds
+    assert ("killed_stuck", "tensorrt_llm_baseline") not in kinds, kinds
     report(fault="router stub killed", reload_s=round(reload_s, 1), serving_again_s=round(recovered, 1))
 
 

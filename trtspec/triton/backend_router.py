@@ -1,10 +1,12 @@
-"""The ``router`` python model (decoupled BLS): speculative or baseline, per request.
+"""The ``router`` python model (decoupled): speculative or baseline, per request.
 
 ``execute`` validates the request, asks :class:`RoutingPolicy` for a path and hands the request to
-a thread that calls the chosen generation model with ``exec(decoupled=True)`` and re-streams its
-responses, adding ``served_by``, the flattened ``output_ids`` and the detokenizer window
-(see ``detok``). When the request finishes, its acceptance totals and timings go back to the
-policy (rolling acceptance, measured costs).
+a thread that calls the chosen generation model and re-streams its responses, adding
+``served_by``, the flattened ``output_ids`` and the detokenizer window (see ``detok``). The call
+is a gRPC stream to this same server. Triton 2.51's stub builds every BLS response's numpy arrays
+without the GIL, which corrupted this stub's heap under load, so BLS ``exec(decoupled=True)`` is
+the fallback where gRPC is not available (``TRTSPEC_ROUTER_RELAY``). When the request finishes,
+its acceptance totals and timings go back to the policy (rolling acceptance, measured costs).
 
 The generation models of trtspec (torch engine, LLM API, draft-target BLS) mark their final
 response with a non-empty ``perf_json``. NVIDIA's tensorrtllm C++ backend has no such output, so
@@ -22,6 +24,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import queue
 import re
 import threading
 
@@ -30,6 +33,7 @@ import numpy as np
 from trtspec.triton.backend_common import (
     Metrics,
     RequestThreads,
+    error_response,
     model_parameters,
     output_array,
     parse_or_reject,
@@ -66,24 +70,62 @@ class _Relay:
 
 
 class _Item:
-    """One response of the generation model, read out of its tensors."""
+    """One response of the generation model, read out of its tensors (``get(name)``: the output
+    as numpy, or None when the response lacks it)."""
 
     __slots__ = ("ids", "acceptance_rate", "accepted", "drafted", "served_by", "perf_json")
 
-    def __init__(self, pb, resp, default_served_by: str):
-        ids = output_array(pb, resp, "output_ids")
+    def __init__(self, get, default_served_by: str):
+        ids = get("output_ids")
         self.ids = [] if ids is None else [int(x) for x in ids.reshape(-1)]
-        ar = output_array(pb, resp, "acceptance_rate")
-        acc = output_array(pb, resp, "total_accepted_draft_tokens")
-        dr = output_array(pb, resp, "total_draft_tokens")
-        sb = output_array(pb, resp, "served_by")
-        pj = output_array(pb, resp, "perf_json")
+        ar = get("acceptance_rate")
+        acc = get("total_accepted_draft_tokens")
+        dr = get("total_draft_tokens")
+        sb = get("served_by")
+        pj = get("perf_json")
         self.accepted = int(acc.reshape(-1)[0]) if acc is not None else 0
         self.drafted = int(dr.reshape(-1)[0]) if dr is not None else 0
         self.acceptance_rate = float(ar.reshape(-1)[0]) if ar is not None else (
             self.accepted / self.drafted if self.drafted else 0.0)
         self.served_by = sb.reshape(-1)[0].decode() if sb is not None else default_served_by
         self.perf_json = None if pj is None else pj.reshape(-1)[0].decode()
+
+
+class _EngineError:
+    """The generation model answered with an error; ``response()`` makes the client's."""
+
+    def __init__(self, response):
+        self.response = response
+
+
+class _ClientPool:
+    """gRPC clients of this server, one stream each, reused across requests."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._free: list = []
+        self._lock = threading.Lock()
+
+    def get(self):
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        import tritonclient.grpc as grpcclient
+
+        return grpcclient.InferenceServerClient(self.url)
+
+    def put(self, client) -> None:
+        with self._lock:
+            self._free.append(client)
+
+    def close(self) -> None:
+        with self._lock:
+            clients, self._free = self._free, []
+        for c in clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - closing at unload
+                pass
 
 
 class Router:
@@ -116,6 +158,14 @@ class Router:
                           for m in self.models.values() if m}
         self.relays: dict[int, _Relay] = {}
         self.relays_lock = threading.Lock()
+        # how responses come back from the engine: a gRPC stream to this same server, or BLS.
+        # Triton 2.51's stub builds the numpy arrays of every BLS response without the GIL,
+        # racing this model's threads (heap corruption under load, docs/reliability.md), so BLS is
+        # only the fallback: TRTSPEC_ROUTER_RELAY=bls|grpc|auto (default auto).
+        self.relay_mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"))
+        self.clients = _ClientPool(why) if self.relay_mode == "grpc" else None
+        self.pb.Logger.log_info(f"{self.name}: relays engine responses over "
+                                f"{'gRPC at ' + why if self.relay_mode == 'grpc' else 'BLS (' + why + ')'}")
         # the engines' stub pids at the last scan (None: not scanned since the router was idle)
         self.scan: dict[str, frozenset[int]] | None = None
         self.scan_lock = threading.Lock()
@@ -179,30 +229,86 @@ class Router:
                 self.relays.pop(id(relay), None)
 
     def _relay(self, relay: _Relay, req: GenerationRequest, path: str) -> None:
-        pb = self.pb
         model, kind = self.models[path], self.kinds[path]
-        names = ENGINE_OUTPUTS if kind == "trtspec" else TENSORRTLLM_OUTPUTS
-        bls = pb.InferenceRequest(
-            model_name=model,
-            inputs=[pb.Tensor(k, v) for k, v in engine_inputs(req, with_drafts=False).items()],
-            requested_output_names=list(names),
-            request_id=relay.engine_request_id,
-        )
+        names = list(ENGINE_OUTPUTS if kind == "trtspec" else TENSORRTLLM_OUTPUTS)
+        inputs = engine_inputs(req, with_drafts=False)
+        if self.relay_mode == "grpc":
+            client = self.clients.get()
+            clean = False
+            try:
+                self._relay_items(relay, req, path, self._grpc_items(client, relay, model, inputs, names, path))
+                clean = True
+            finally:
+                try:
+                    client.stop_stream(cancel_requests=not clean)  # clean: the engine's stream has ended
+                except Exception:  # noqa: BLE001 - a broken stream: drop the client
+                    clean = False
+                if clean:
+                    self.clients.put(client)
+                else:
+                    client.close()
+        else:
+            self._relay_items(relay, req, path, self._bls_items(relay, model, inputs, names, path))
+
+    def _bls_items(self, relay: _Relay, model: str, inputs: dict, names: list, path: str):
+        pb = self.pb
+        bls = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(k, v) for k, v in inputs.items()],
+                                  requested_output_names=names, request_id=relay.engine_request_id)
+        for resp in bls.exec(decoupled=True):
+            if resp.has_error():
+                err = resp.error()
+                yield _EngineError(lambda: pb.InferenceResponse(error=err))
+                return
+            if pb.get_output_tensor_by_name(resp, "output_ids") is None:
+                continue  # an empty response carrying only the final flag
+            yield _Item(lambda name, r=resp: output_array(pb, r, name), path)
+
+    def _grpc_items(self, client, relay: _Relay, model: str, inputs: dict, names: list, path: str):
+        import tritonclient.grpc as grpcclient
+        from tritonclient.utils import np_to_triton_dtype
+
+        q: queue.Queue = queue.Queue()
+        client.start_stream(callback=lambda result, error: q.put((result, error)))
+        tensors = []
+        for k, v in inputs.items():
+            t = grpcclient.InferInput(k, list(v.shape), np_to_triton_dtype(v.dtype))
+            t.set_data_from_numpy(v)
+            tensors.append(t)
+        client.async_stream_infer(model, tensors, outputs=[grpcclient.InferRequestedOutput(n) for n in names],
+                                  request_id=relay.engine_request_id, enable_empty_final_response=True)
+        while True:
+            try:
+                result, error = q.get(timeout=MONITOR_EVERY_S)
+            except queue.Empty:
+                if relay.done:  # ended by the monitor (the engine's stub is gone)
+                    raise _Aborted from None
+                continue
+            if error is not None:
+                message = error.message() if hasattr(error, "message") else str(error)
+                invalid = "INVALID_ARG" in str(getattr(error, "status", lambda: "")())
+                yield _EngineError(lambda: error_response(self.pb, message, invalid_argument=invalid))
+                return
+            params = result.get_response().parameters
+            final = "triton_final_response" in params and params["triton_final_response"].bool_param
+            if result.as_numpy("output_ids") is not None:
+                yield _Item(result.as_numpy, path)
+            if final:
+                return
+
+    def _relay_items(self, relay: _Relay, req: GenerationRequest, path: str, items) -> None:
+        """Re-stream the engine's responses (``items``) to the client."""
+        model = self.models[path]
         window = DetokWindow(() if req.exclude_input_in_output else req.input_ids)
         pending: _Item | None = None
         last: _Item | None = None
-        for resp in bls.exec(decoupled=True):
-            if resp.has_error():
+        for item in items:
+            if isinstance(item, _EngineError):
                 with relay.lock:
                     if relay.done:
                         raise _Aborted
                     relay.done = True
-                    relay.sender.send(pb.InferenceResponse(error=resp.error()),
-                                      flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                    relay.sender.send(item.response(), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
-            if pb.get_output_tensor_by_name(resp, "output_ids") is None:
-                continue  # an empty response carrying only the final flag
-            item = _Item(pb, resp, path)
             if item.perf_json is not None:  # trtspec model: the final response says so
                 final = item.perf_json != ""
                 if final:  # update the policy before the client can send its next request
@@ -325,6 +431,47 @@ class Router:
             stuck = sum(r.done for r in self.relays.values())  # ended by the monitor: never return
         if len(self.threads.running()) > stuck:
             self.threads.join()
+        if self.clients is not None:
+            self.clients.close()
+
+
+def _relay_mode(wanted: str, ppid: int | None = None) -> tuple[str, str]:
+    """("grpc", url of this server's gRPC endpoint) or ("bls", why not gRPC).
+
+    The url comes from the command line of the parent tritonserver (``--grpc-address``,
+    ``--grpc-port``, ``--allow-grpc``; Triton's defaults 0.0.0.0:8001)."""
+    wanted = (wanted or "auto").strip().lower()
+    if wanted not in ("auto", "grpc", "bls"):
+        raise ValueError(f"TRTSPEC_ROUTER_RELAY={wanted!r}: use auto, grpc or bls")
+    if wanted == "bls":
+        return "bls", "TRTSPEC_ROUTER_RELAY=bls"
+    try:
+        import tritonclient.grpc  # noqa: F401
+    except ImportError:
+        if wanted == "grpc":
+            raise
+        return "bls", "tritonclient[grpc] is not installed where the stub runs"
+    try:
+        with open(f"/proc/{ppid or os.getppid()}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError as e:
+        if wanted == "grpc":
+            raise
+        return "bls", f"cannot read the server's command line: {e}"
+    opts: dict[str, str] = {}
+    for i, a in enumerate(argv):
+        if a.startswith("--") and "=" in a:
+            k, v = a[2:].split("=", 1)
+            opts[k] = v
+        elif a.startswith("--") and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            opts[a[2:]] = argv[i + 1]
+    if opts.get("allow-grpc", "true").lower() in ("false", "0", "no"):
+        if wanted == "grpc":
+            raise ValueError("TRTSPEC_ROUTER_RELAY=grpc but the server runs with --allow-grpc=false")
+        return "bls", "the server runs without gRPC"
+    host = opts.get("grpc-address", "0.0.0.0")
+    host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host in ("::", "[::]") else host)
+    return "grpc", f"{host}:{opts.get('grpc-port', '8001')}"
 
 
 def _declares_input(config: pathlib.Path, name: str) -> bool:
