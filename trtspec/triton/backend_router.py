@@ -435,11 +435,12 @@ class Router:
             self.clients.close()
 
 
-def _relay_mode(wanted: str, ppid: int | None = None) -> tuple[str, str]:
+def _relay_mode(wanted: str, argv: list[str] | None = None) -> tuple[str, str]:
     """("grpc", url of this server's gRPC endpoint) or ("bls", why not gRPC).
 
-    The url comes from the command line of the parent tritonserver (``--grpc-address``,
-    ``--grpc-port``, ``--allow-grpc``; Triton's defaults 0.0.0.0:8001)."""
+    The url comes from the command line of the parent tritonserver (``argv``; by default read
+    from /proc): ``--grpc-address``, ``--grpc-port``, ``--allow-grpc``, with Triton's defaults
+    0.0.0.0:8001."""
     wanted = (wanted or "auto").strip().lower()
     if wanted not in ("auto", "grpc", "bls"):
         raise ValueError(f"TRTSPEC_ROUTER_RELAY={wanted!r}: use auto, grpc or bls")
@@ -451,13 +452,14 @@ def _relay_mode(wanted: str, ppid: int | None = None) -> tuple[str, str]:
         if wanted == "grpc":
             raise
         return "bls", "tritonclient[grpc] is not installed where the stub runs"
-    try:
-        with open(f"/proc/{ppid or os.getppid()}/cmdline", "rb") as f:
-            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
-    except OSError as e:
-        if wanted == "grpc":
-            raise
-        return "bls", f"cannot read the server's command line: {e}"
+    if argv is None:
+        try:
+            with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+                argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError as e:
+            if wanted == "grpc":
+                raise
+            return "bls", f"cannot read the server's command line: {e}"
     opts: dict[str, str] = {}
     for i, a in enumerate(argv):
         if a.startswith("--") and "=" in a:
