@@ -16,7 +16,6 @@ tokens/s = generated tokens / wall time, summed over prompts; ratio = triton / i
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import pathlib
@@ -103,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         recipe = recipe.model_copy(update={"runtime": rt})
     spec = RuntimeSpec.from_recipe(recipe)
     engines = {"ensemble": build_engine(spec),
-               "ensemble_baseline": build_engine(dataclasses.replace(spec, method="none", draft=None, adaptive=False))}
+               "ensemble_baseline": build_engine(spec.baseline())}
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(recipe.target.tokenizer or recipe.target.model)
