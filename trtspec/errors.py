@@ -85,3 +85,9 @@ class ClientError(TrtspecError):
 
 class GateFailed(TrtspecError):
     """Validation ran and a rollout gate failed: keep the baseline."""
+
+
+def one_line(e: BaseException) -> str:
+    """``Type: first line of the message``, for errors kept in a status field or a log line."""
+    text = str(e)
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"

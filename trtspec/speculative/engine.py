@@ -27,7 +27,7 @@ from typing import Callable
 
 import torch
 
-from trtspec.errors import TrtspecError
+from trtspec.errors import TrtspecError, one_line
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.proposers import Proposer
 from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
@@ -518,7 +518,7 @@ class BackgroundEngine:
             if warm_up is not None:
                 warm_up()
         except Exception as e:  # noqa: BLE001 - it compiled when the engine was built; requests will retry
-            self.warm_up_error = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            self.warm_up_error = one_line(e)
         finally:
             self._started.set()
         while True:

@@ -13,7 +13,7 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-from trtspec.errors import ModelError
+from trtspec.errors import ModelError, one_line
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
 
@@ -82,8 +82,7 @@ class DraftModelProposer:
         except Exception as e:  # noqa: BLE001 - inductor fails in many ways (no C++ compiler, …)
             self.model.decode = None
             raise ModelError(
-                f"runtime.compile_draft: torch.compile of the draft's decode step failed ({type(e).__name__}: "
-                f"{str(e).splitlines()[0] if str(e) else ''})",
+                f"runtime.compile_draft: torch.compile of the draft's decode step failed ({one_line(e)})",
                 fix="set runtime.compile_draft: false (eager steps, same outputs), or install a C++ compiler (gcc)",
             ) from None
 
