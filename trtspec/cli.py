@@ -42,8 +42,11 @@ def _raise_terminated(signum, frame) -> None:
     raise Terminated()
 
 
-def _interrupted_exit_code(e: KeyboardInterrupt) -> int:
-    return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
+def _interrupted(e: KeyboardInterrupt) -> tuple[str, int]:
+    """What stopped the command, and its exit code (128 + signal)."""
+    if isinstance(e, Terminated):
+        return "terminated", 128 + signal.SIGTERM
+    return "interrupted", 128 + signal.SIGINT
 
 
 def handle_errors(fn):
@@ -60,8 +63,9 @@ def handle_errors(fn):
             err.print(f"[bold red]error:[/] {escape(str(e))}", markup=True, highlight=False)
             sys.exit(e.exit_code)
         except KeyboardInterrupt as e:
-            err.print("[yellow]terminated[/]" if isinstance(e, Terminated) else "[yellow]interrupted[/]")
-            sys.exit(_interrupted_exit_code(e))
+            what, code = _interrupted(e)
+            err.print(f"[yellow]{what}[/]")
+            sys.exit(code)
         except click.exceptions.Exit:
             raise
         except click.ClickException:
@@ -1093,9 +1097,9 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
         wd = pathlib.Path(workdir) if workdir else pathlib.Path("runs") / recipe.name
         res = Pipeline(recipe, wd, source=config, on_event=on_event).run(start=start, until=until)
     except KeyboardInterrupt as e:
-        what = "terminated" if isinstance(e, Terminated) else "interrupted"
+        what, code = _interrupted(e)
         err.print(f"[yellow]{what}: everything started was stopped; re-run to resume[/]")
-        sys.exit(_interrupted_exit_code(e))
+        sys.exit(code)
     except TrtspecError as e:
         if _debug():
             traceback.print_exc()
