@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import pathlib
 import platform
@@ -34,6 +35,12 @@ import time
 import torch
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
+# draft-target rows summarised against plain decoding and HF assisted: (config key, JSON label, text)
+DRAFT_TARGET_SUMMARIES = (
+    ("e", "draft_target", "Draft-target"),
+    ("e8", "draft_target_int8_draft", "Draft-target with the INT8 draft"),
+    ("e8c", "draft_target_int8_compiled_draft", "Draft-target with the INT8 draft, compiled"),
+)
 
 
 def cache_pressure(target, k: int, pause_s: float = 0.0025, n: int = 60) -> dict:
@@ -180,7 +187,8 @@ def main() -> int:
     target = load_causal_lm(tdir, dtype=dtype).fuse_()
     draft = load_causal_lm(ddir, dtype=dtype).fuse_()
     draft_w8 = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # runtime.draft_weight_only: int8
-    draft_w8c = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # + runtime.compile_draft
+    # + runtime.compile_draft: one more draft copy (its compiled step is its own), loaded only if e8c runs
+    draft_w8c = functools.cache(lambda: load_causal_lm(ddir, dtype=dtype).quantize_weight_only_())
     hf_t = hf_d = None  # --paired compares our configurations only
     if not args.paired:
         hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
@@ -244,7 +252,7 @@ def main() -> int:
         "e": (f"ours draft-target (K={k})", ours(lambda: DraftModelProposer(draft, 1, max_len + k + 4))),
         "e8": (f"ours draft-target, INT8 draft (K={k})", ours(lambda: DraftModelProposer(draft_w8, 1, max_len + k + 4))),
         "e8c": (f"ours draft-target, INT8 draft, compiled (K={k})",
-                ours(lambda: DraftModelProposer(draft_w8c, 1, max_len + k + 4, compile=True))),
+                ours(lambda: DraftModelProposer(draft_w8c(), 1, max_len + k + 4, compile=True))),
         "g": (f"ours n-gram (K={k})", ours(lambda: NgramProposer(3, 1))),
     }
     if head is not None and (head / "config.json").is_file():
@@ -266,7 +274,7 @@ def main() -> int:
         configs = {key: v for key, v in configs.items() if key in keep}
     if "e8c" in configs:  # compile once, outside the timed runs (engines built later reuse it)
         t0 = time.perf_counter()
-        DraftModelProposer(draft_w8c, 1, max_len + k + 4, compile=True)
+        DraftModelProposer(draft_w8c(), 1, max_len + k + 4, compile=True)
         print(f"compiled the INT8 draft's decode step in {time.perf_counter() - t0:.1f} s", flush=True)
     if args.paired:
         return paired(args, pair, {key: v for key, v in configs.items() if getattr(v[1], "ours", False)},
@@ -308,8 +316,7 @@ def main() -> int:
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
         "rows": rows, "cache_pressure": {"before": pressure_before, "after": pressure_after},
     }
-    for key, label in (("e", "draft_target"), ("e8", "draft_target_int8_draft"),
-                       ("e8c", "draft_target_int8_compiled_draft")):
+    for key, label, _ in DRAFT_TARGET_SUMMARIES:
         if key in results:
             summary[f"{label}_vs_plain"] = round(max(results[key]["tok_s"]) / base, 3)
             if hf_assist_best:
@@ -333,8 +340,7 @@ def main() -> int:
               + (" **The machine was disturbed: the speculative rows likely understate an undisturbed machine "
                  "(README, 'Reading the engine benchmark').**" if disturbed(readings) else ""))
     md.append("")
-    for label, what in (("draft_target", "Draft-target"), ("draft_target_int8_draft", "Draft-target with the INT8 draft"),
-                        ("draft_target_int8_compiled_draft", "Draft-target with the INT8 draft, compiled")):
+    for _, label, what in DRAFT_TARGET_SUMMARIES:
         if f"{label}_vs_hf_assisted_best" in summary:
             md.append(f"{what} vs plain: **{summary[f'{label}_vs_plain']}×**; vs the best HF assisted "
                       f"configuration: **{summary[f'{label}_vs_hf_assisted_best']}×**.")
