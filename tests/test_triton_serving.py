@@ -86,13 +86,11 @@ def prompts() -> list[str]:
 @pytest.fixture(scope="module")
 def in_process(recipe):
     """The same engines, built in this process: (plain greedy engine, speculative engine)."""
-    from dataclasses import replace
-
     from trtspec.speculative.runtime import RuntimeSpec, build_engine
 
     threads = torch.get_num_threads()
     spec = RuntimeSpec.from_recipe(recipe)  # build_engine sets torch's thread count from it
-    yield build_engine(replace(spec, method="none", draft=None)), build_engine(spec)
+    yield build_engine(spec.baseline()), build_engine(spec)  # the baseline as served
     torch.set_num_threads(threads)
 
 
