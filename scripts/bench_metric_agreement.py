@@ -39,7 +39,7 @@ from trtspec.client.client import load_tokenizer
 from trtspec.client.loadgen import BenchSettings, run_bench, shape_prompts
 from trtspec.client.types import Sampling
 from trtspec.prompts import load_prompts
-from trtspec.speculative.stats import percentile
+from trtspec.acceptance import percentile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TOLERANCE = 0.10
@@ -50,7 +50,7 @@ def perf_analyzer_env(venv: pathlib.Path) -> tuple[pathlib.Path, dict]:
     binary = venv / "bin" / "perf_analyzer"
     if not binary.is_file():
         sys.exit(f"no {binary}: python3 -m venv {venv} && {venv}/bin/pip install 'tritonclient[grpc,http]==2.51.0'")
-    from trtspec.triton_paths import pytriton_dist
+    from trtspec.triton.launch.paths import pytriton_dist
 
     libs = pytriton_dist().parent.parent / "nvidia_pytriton.libs"
     palibs = venv / "palibs"
@@ -136,7 +136,7 @@ def ours(url, model, prompts, max_tokens, concurrency, requests, tokenizer_dir) 
 def tiny_server(work: pathlib.Path, nice: int = 0):
     from trtspec.config import load_recipe
     from trtspec.triton.render import package
-    from trtspec.triton.server import TritonServer
+    from trtspec.triton.launch.server import TritonServer
 
     recipe = load_recipe(ROOT / "build_configs" / "tiny-cpu-draft-target.yaml")
     package(recipe, work / "repo")

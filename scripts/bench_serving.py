@@ -40,7 +40,7 @@ from trtspec.prompts import load_prompts
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.triton.render import package
-from trtspec.triton.server import TritonServer
+from trtspec.triton.launch.server import TritonServer
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 

@@ -35,11 +35,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "passive")
 from trtspec.client import AsyncLLMClient, Sampling, ServerRequestError  # noqa: E402
 from trtspec.config import load_recipe  # noqa: E402
 from trtspec.prompts import load_prompts  # noqa: E402
-from trtspec.speculative.stats import percentile  # noqa: E402
+from trtspec.acceptance import percentile  # noqa: E402
 from trtspec.triton.procs import rss_bytes, stubs_of  # noqa: E402
 from trtspec.triton.render import package  # noqa: E402
-from trtspec.triton.server import server_for_repository  # noqa: E402
-from trtspec.triton.watchdog import WatchdogSettings  # noqa: E402
+from trtspec.triton.launch.server import server_for_repository  # noqa: E402
+from trtspec.triton.launch.watchdog import WatchdogSettings  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 MIB = 1024 * 1024

@@ -243,7 +243,7 @@ def test_bench_cli_bad_url_and_lists(tmp_path):
 
 
 def test_bench_cli_unreachable_server(tmp_path):
-    from trtspec.triton.server import free_port
+    from trtspec.triton.launch.server import free_port
 
     port = free_port()
     r = CliRunner().invoke(main, ["bench", "--url", f"127.0.0.1:{port}", "--ready-timeout", "0.5",

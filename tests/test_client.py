@@ -119,7 +119,7 @@ def test_sampling_from_recipe_drops_sampling_knobs_when_greedy():
 
 
 def _free_port() -> int:
-    from trtspec.triton.server import free_port
+    from trtspec.triton.launch.server import free_port
 
     return free_port()
 

@@ -15,7 +15,7 @@ import torch
 
 from trtspec.errors import ModelError
 from trtspec.manifest import write_manifest
-from trtspec.models.eagle3 import (
+from trtspec.checkpoints.eagle3 import (
     Eagle3Settings,
     corpus_ids,
     head_config_for,

@@ -35,7 +35,7 @@ def tokenizer(tiny_target):
 @pytest.fixture(scope="module")
 def prompts(tokenizer) -> list[list[int]]:
     """52 prompts of mixed length (3..160 tokens) cut from held-out stdlib text."""
-    from trtspec.models.tiny import corpus_split
+    from trtspec.corpus import corpus_split
 
     _, held = corpus_split()
     ids = tokenizer("\n".join(held[:4]), add_special_tokens=False)["input_ids"]
@@ -162,7 +162,7 @@ def test_sampled_speculation_matches_target_distribution(pair, tokenizer):
 def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair, prompts):
     """A randomly initialised draft is (almost) never accepted: the adaptive controller stops
     drafting, so far fewer tokens are drafted than with a fixed draft length — same output."""
-    from trtspec.models.tiny import TinySettings, _init, _model_args
+    from trtspec.checkpoints.tiny import TinySettings, _init, _model_args
     from trtspec.speculative.model import CausalLM
 
     target, _ = pair
@@ -552,7 +552,7 @@ def test_draft_warm_start_keeps_the_targets_token_geometry():
     """warm_start_from_target: at full width the projection is a rotation, so the draft's
     embedding-to-head products equal the target's; a narrower draft keeps the top directions;
     a wider one is refused."""
-    from trtspec.models.tiny import warm_start_from_target
+    from trtspec.checkpoints.tiny import warm_start_from_target
     from trtspec.speculative.model import CausalLM
 
     def lm(hidden, seed):

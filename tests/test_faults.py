@@ -40,8 +40,8 @@ from trtspec.client.loadgen import BenchSettings, run_bench
 from trtspec.config import parse_recipe
 from trtspec.triton.procs import stubs_of
 from trtspec.triton.render import package
-from trtspec.triton.server import SHM_DIR, TritonServer
-from trtspec.triton.watchdog import WatchdogSettings
+from trtspec.triton.launch.server import SHM_DIR, TritonServer
+from trtspec.triton.launch.watchdog import WatchdogSettings
 from triton_stream import metric, metrics
 
 MAX_TOKENS = 16

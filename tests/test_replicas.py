@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from trtspec.cli import main
 from trtspec.config import parse_recipe
 from trtspec.triton.render import package
-from trtspec.triton.server import TritonServer
+from trtspec.triton.launch.server import TritonServer
 
 from test_validate_server import tiny_recipe
 

@@ -7,9 +7,9 @@ import pytest
 from triton_stream import generate
 
 from trtspec.config import parse_recipe
-from trtspec.triton.backend_router import _relay_mode
+from trtspec.triton.backend.router import _relay_mode
 from trtspec.triton.render import package
-from trtspec.triton.server import TritonServer
+from trtspec.triton.launch.server import TritonServer
 
 from test_triton_serving import MAX_TOKENS, tiny_recipe
 

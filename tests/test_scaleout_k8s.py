@@ -24,7 +24,8 @@ import yaml
 from trtspec.config import load_recipe, parse_recipe, recipe_to_dict
 from trtspec.deploy.k8s import K8sOptions, app_name, k8s_files, write_k8s
 from trtspec.errors import ConfigError, StageError
-from trtspec.triton.mpi import launch_plan, layout_for
+from trtspec.triton.launch.mpi import launch_plan
+from trtspec.triton.placement import layout_for
 from trtspec.trtllm.plan import make_plan
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]' (kubernetes-validate)")
@@ -368,7 +369,7 @@ def test_write_k8s_for_the_cpu_demo(tmp_path):
 
 
 def test_write_k8s_for_an_8gpu_engine_build(tmp_path):
-    from trtspec.triton.mpi import repository_layout
+    from trtspec.triton.launch.mpi import repository_layout
 
     recipe = load_recipe(REPO / "build_configs" / "llama3.1-70b-tp8-draft-target-fp8-trtllm.yaml")
     d = recipe_to_dict(recipe)  # the models sit on the volume too (their paths are only read by the pods)

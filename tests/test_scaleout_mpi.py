@@ -1,4 +1,4 @@
-"""Multi-GPU serving plans (trtspec.triton.mpi): golden argv for 1, 2, 4 and 8 GPUs, draft-target
+"""Multi-GPU serving plans (trtspec.triton.launch.mpi): golden argv for 1, 2, 4 and 8 GPUs, draft-target
 with different TP for draft and target, orchestrator and orchestrator_prespawn (participant_ids);
 the rendered repository agrees with the plan; the runner, against a fake mpirun and (when
 installed) the real OpenMPI mpirun with the CPU tritonserver.
@@ -23,8 +23,10 @@ import pytest
 
 from trtspec.config import load_recipe, parse_recipe
 from trtspec.errors import ConfigError, ServerError
-from trtspec.triton import mpi
-from trtspec.triton.mpi import Layout, MpiTritonServer, Placement, launch_plan, layout_for
+from trtspec.triton import placement
+from trtspec.triton.launch import mpi
+from trtspec.triton.launch.mpi import MpiTritonServer, launch_plan
+from trtspec.triton.placement import Layout, Placement, layout_for
 from trtspec.trtllm.plan import make_plan
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
@@ -184,7 +186,7 @@ def test_a_hand_off_with_too_few_gpu_ids_is_refused():
     import dataclasses
 
     with pytest.raises(ConfigError, match=r"runtime.trtllm.gpu_device_ids.*4 rank\(s\)"):
-        mpi.engine_layout(dataclasses.replace(build, gpu_device_ids=[0, 1]))
+        placement.engine_layout(dataclasses.replace(build, gpu_device_ids=[0, 1]))
 
 
 def test_multi_gpu_llm_api_serving_is_refused_with_a_way_out():
@@ -379,7 +381,7 @@ def test_real_mpirun_runs_the_plan_with_the_cpu_tritonserver(tmp_path, name):
     the repository and serves; the other ranks load only the engine models, open no endpoint and
     see the launch's TRT-LLM variables; the python backends of the ranks do not collide (each rank
     has its own shared-memory prefix)."""
-    from trtspec.triton_paths import bundled_tritonserver
+    from trtspec.triton.launch.paths import bundled_tritonserver
 
     if bundled_tritonserver() is None:
         pytest.skip("nvidia-pytriton's tritonserver is not installed")
@@ -411,7 +413,7 @@ def test_real_mpirun_runs_the_plan_with_the_cpu_tritonserver(tmp_path, name):
 
 def test_with_repository_layout_keeps_single_process_repositories_and_wraps_engine_ones(tmp_path):
     from trtspec.triton.render import package
-    from trtspec.triton.server import TritonServer
+    from trtspec.triton.launch.server import TritonServer
 
     package(load_recipe(REPO / "build_configs" / "tiny-cpu-draft-target.yaml"), tmp_path / "cpu")
     plain = TritonServer(tmp_path / "cpu")

@@ -11,14 +11,14 @@ from triton_stream import generate, metric, metrics
 
 from trtspec.config import parse_recipe
 from trtspec.triton.render import package
-from trtspec.triton.server import TritonServer
+from trtspec.triton.launch.server import TritonServer
 
 
 @pytest.fixture(scope="module")
 def random_draft(tiny_target, tmp_path_factory):
     from transformers import AutoTokenizer
 
-    from trtspec.models.tiny import TinySettings, _init, _model_args, save_hf
+    from trtspec.checkpoints.tiny import TinySettings, _init, _model_args, save_hf
     from trtspec.speculative.model import CausalLM
 
     tok = AutoTokenizer.from_pretrained(tiny_target)

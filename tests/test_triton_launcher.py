@@ -17,7 +17,7 @@ import urllib.request
 import pytest
 
 from trtspec.errors import ServerError
-from trtspec.triton.server import StopRequested, StopSignals, TritonServer, model_failures, models_still_loading
+from trtspec.triton.launch.server import StopRequested, StopSignals, TritonServer, model_failures, models_still_loading
 
 ECHO_CONFIG = """name: "{name}"
 backend: "python"

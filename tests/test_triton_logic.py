@@ -9,10 +9,10 @@ import random
 import numpy as np
 import pytest
 
-from trtspec.triton.backend_tokenizer import Preprocessing, Tokenizer
-from trtspec.triton.detok import DetokWindow, text_delta
-from trtspec.triton.requests import RequestInputError, engine_inputs, parse_generation
-from trtspec.triton.routing import RoutingPolicy, acceptance_rate_at
+from trtspec.triton.backend.tokenizer import Preprocessing, Tokenizer
+from trtspec.triton.backend.detok import DetokWindow, text_delta
+from trtspec.triton.backend.requests import RequestInputError, engine_inputs, parse_generation
+from trtspec.triton.backend.routing import RoutingPolicy, acceptance_rate_at
 
 # ------------------------------------------------------------------------------ detokenization
 
@@ -106,7 +106,7 @@ def test_fallback_waits_for_enough_draft_tokens():
 
 
 def test_break_even_from_measured_costs():
-    from trtspec.speculative.stats import break_even_acceptance
+    from trtspec.acceptance import break_even_acceptance
 
     p = RoutingPolicy(1.0, window=16)
     assert p.break_even is None

@@ -16,7 +16,7 @@ from triton_stream import generate, generate_many, metric, metrics, raw_stream
 
 from trtspec.config import parse_recipe
 from trtspec.triton.render import TEMPLATES, bls_plan, inputs_from_recipe, package, render_model, torch_engine_plan
-from trtspec.triton.server import TritonServer
+from trtspec.triton.launch.server import TritonServer
 
 MAX_TOKENS = 24
 

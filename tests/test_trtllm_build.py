@@ -316,7 +316,7 @@ def test_cli_dry_run_json_and_real_build_error_here(tmp_path):
 
 
 def test_cli_error_output_keeps_the_stderr_tail_verbatim(capsys):
-    from trtspec.cli import handle_errors
+    from trtspec.cli.common import handle_errors
 
     @handle_errors
     def failing():

@@ -179,7 +179,7 @@ def test_validate_cli_bad_recipe_and_unreachable(tmp_path, repo_root):
     bad.write_text("name: x\nvalidation: {gates: {min_speedup: fast}}\n")
     r = CliRunner().invoke(main, ["validate", "--url", "127.0.0.1:1", str(bad), "-o", str(tmp_path / "o")])
     assert r.exit_code == 2 and "Traceback" not in r.output
-    from trtspec.triton.server import free_port
+    from trtspec.triton.launch.server import free_port
 
     recipe = repo_root / "build_configs" / "tiny-cpu-draft-target.yaml"
     r = CliRunner().invoke(main, ["validate", "--url", f"127.0.0.1:{free_port()}", "--ready-timeout", "0.3",

@@ -16,7 +16,7 @@ from test_validate_server import tiny_recipe
 from trtspec.cli import main
 from trtspec.config import parse_recipe
 from trtspec.triton.render import inputs_from_recipe, render_repository
-from trtspec.triton.server import TritonServer
+from trtspec.triton.launch.server import TritonServer
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from trtspec.cli import main
 from trtspec.client import AsyncLLMClient, LLMClient, ModelNotFound, Sampling
 from trtspec.config import parse_recipe
 from trtspec.triton.render import package
-from trtspec.triton.server import TritonServer
+from trtspec.triton.launch.server import TritonServer
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 

@@ -15,8 +15,8 @@ import pytest
 
 from trtspec.errors import ConfigError, ServerError
 from trtspec.triton.procs import instance_model, is_instance_of, parse_stub_cmdline, stubs_of
-from trtspec.triton.server import SHM_DIR, TritonServer, sweep_leftovers
-from trtspec.triton.watchdog import WatchdogSettings
+from trtspec.triton.launch.server import SHM_DIR, TritonServer, sweep_leftovers
+from trtspec.triton.launch.watchdog import WatchdogSettings
 
 from test_triton_launcher import group_alive, model
 

@@ -320,7 +320,7 @@ class TrtllmOptions(Strict):
     )
     launch_mode: Literal["auto", "leader", "orchestrator", "orchestrator_prespawn"] = Field(
         "auto",
-        description="engine flow: how tritonserver runs the engines (trtspec.triton.mpi). leader: one engine over "
+        description="engine flow: how tritonserver runs the engines (trtspec.triton.launch.mpi). leader: one engine over "
         "tp x pp MPI ranks; orchestrator: several engines, TRT-LLM spawns their ranks; orchestrator_prespawn: "
         "mpirun starts 1 + every engine's ranks (participant_ids; needed for draft logits). auto: leader for one "
         "engine, orchestrator for several, orchestrator_prespawn for draft_target with use_draft_logits",

@@ -69,7 +69,7 @@ def collect() -> list[Row]:
     if on_path:
         rows.append(Row("tritonserver", "ok", f"on PATH: {on_path}"))
     if pv:
-        from trtspec.triton_paths import bundled_tritonserver
+        from trtspec.triton.launch.paths import bundled_tritonserver
 
         binary = bundled_tritonserver()
         rows.append(Row("tritonserver (bundled)", "ok" if binary else "missing",

@@ -91,3 +91,39 @@ def one_line(e: BaseException) -> str:
     """``Type: first line of the message``, for errors kept in a status field or a log line."""
     text = str(e)
     return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+class MissingExtra(TrtspecError):
+    """A command needs an optional dependency that is not installed (its extra names it)."""
+
+    exit_code = 2
+
+
+# top-level module → the extra that installs it (pyproject.toml [project.optional-dependencies])
+EXTRA_OF_MODULE: dict[str, str] = {
+    "torch": "torch-runtime",
+    "transformers": "torch-runtime",
+    "safetensors": "torch-runtime",
+    "tokenizers": "client",
+    "accelerate": "torch-runtime",
+    "modelopt": "quantize",
+    "tritonclient": "client",
+    "grpc": "client",
+    "numpy": "client",
+    "matplotlib": "client",
+    "gguf": "gguf",
+    "pytriton": "cpu-triton",
+}
+
+
+def missing_extra(e: ModuleNotFoundError, extra: str | None, what: str) -> MissingExtra | None:
+    """The error to show when ``what`` (a command) failed to import ``e.name``; None when the
+    missing module is not an optional dependency of trtspec (a real bug: let it raise)."""
+    top = (e.name or "").split(".")[0]
+    known = EXTRA_OF_MODULE.get(top)
+    if known is None:
+        return None
+    # a command's own extra covers its whole set (e.g. [serve] brings torch-runtime's modules)
+    need = extra if extra not in (None, "all") and known != "gguf" else known
+    return MissingExtra(f"{what} needs the Python package '{top}', which is not installed",
+                        fix=f"pip install 'trtspec[{need}]'")

@@ -268,7 +268,7 @@ class Pipeline:
                 f"runtime '{self.recipe.runtime.backend}' serves with TensorRT-LLM, which is not installed here",
                 fix="run `trtspec run CONFIG --until package` here, then serve and validate inside NVIDIA's "
                     "Triton TRT-LLM container (docs/trtllm.md)")
-        from trtspec.triton.server import server_for_repository
+        from trtspec.triton.launch.server import server_for_repository
         from trtspec.validate.report import write_validation_report
         from trtspec.validate.run import run_validation
 

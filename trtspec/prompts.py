@@ -14,7 +14,7 @@ BUILTIN = ("code", "chat", "mixed", "stdlib")
 
 def stdlib_snippets(n: int, *, min_chars: int = 40, max_chars: int = 400) -> list[str]:
     """Deterministic code prefixes from the *held-out* stdlib files (never trained on)."""
-    from trtspec.models.tiny import corpus_split
+    from trtspec.corpus import corpus_split
 
     _, held = corpus_split()
     out: list[str] = []

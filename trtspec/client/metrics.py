@@ -26,7 +26,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from trtspec.client.types import GenerationResult
-from trtspec.speculative.stats import percentile
+from trtspec.acceptance import percentile
 
 PERCENTILES = (50, 90, 95, 99)
 # bucket upper bounds (inclusive, so max_tokens 64 lands in "33-64"); the last bucket is open

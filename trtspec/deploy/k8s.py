@@ -15,7 +15,7 @@ What one call writes into a fresh folder ``OUT`` (atomically, with ``OUT/trtspec
     rollout.sh             ./rollout.sh PERCENT: shift traffic; ./rollout.sh 0 rolls back at once
 
 Every pod runs NVIDIA's Triton container (``runtime.trtllm.container_image``, or ``--image``) with
-the command :mod:`trtspec.triton.mpi` plans (mpirun over the engine's ranks for TRT-LLM engines),
+the command :mod:`trtspec.triton.launch.mpi` plans (mpirun over the engine's ranks for TRT-LLM engines),
 asks for as many GPUs as that plan uses (``nvidia.com/gpu``), mounts the volume read-only at the
 same path the build used, and is probed on Triton's ``/v2/health/ready`` and ``/v2/health/live``.
 Autoscaling reads Triton's own metrics through prometheus-adapter: requests waiting in the pod's
@@ -41,7 +41,8 @@ import yaml
 
 from trtspec.errors import ConfigError, StageError
 from trtspec.manifest import atomic_dir, write_manifest
-from trtspec.triton.mpi import Layout, launch_plan, layout_for
+from trtspec.triton.launch.mpi import launch_plan
+from trtspec.triton.placement import Layout, layout_for
 
 KIND = "k8s-deployment"
 TRACKS = ("speculative", "baseline")

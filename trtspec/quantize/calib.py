@@ -1,7 +1,7 @@
 """Calibration and evaluation text, tokenized into fixed-length windows.
 
 * calibration ``builtin``: the *train* split of the Python stdlib corpus the tiny pair was trained
-  on (``trtspec.models.tiny.corpus_split``), files spread evenly over the corpus;
+  on (``trtspec.checkpoints.tiny.corpus_split``), files spread evenly over the corpus;
 * calibration from a file: ``.jsonl`` (objects with ``text``/``prompt``, or strings) or any other
   text file (used whole);
 * evaluation (quality report): the *held-out* split, never used for calibration.
@@ -77,7 +77,7 @@ def read_text_file(path: pathlib.Path, *, field: str = FIELD) -> list[str]:
 def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int) -> TextWindows:
     """``size`` windows of ``seq_len`` tokens from ``dataset`` ('builtin' or a file path)."""
     if dataset == "builtin":
-        from trtspec.models.tiny import corpus_split
+        from trtspec.corpus import corpus_split
 
         train, _held = corpus_split()
         ids = _windows(_spread(train, size), tokenizer, size, seq_len)
@@ -96,7 +96,7 @@ def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int) -> Tex
 
 def heldout_windows(tokenizer, n: int, seq_len: int) -> TextWindows:
     """Evaluation windows from the held-out stdlib files (disjoint from calibration)."""
-    from trtspec.models.tiny import corpus_split
+    from trtspec.corpus import corpus_split
 
     _train, held = corpus_split()
     ids = _windows(_spread(held, n), tokenizer, n, seq_len)

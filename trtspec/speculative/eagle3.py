@@ -42,6 +42,7 @@ from torch import nn
 from trtspec.errors import ModelError
 from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step,
                                        quantize_layer_weight_only_, rotate_half, step_inputs)
+from trtspec.speculative.loaders import loader_for
 from trtspec.speculative.proposers import Proposal, register
 from trtspec.speculative.sampling import logits_to_probs, sample
 
@@ -366,9 +367,8 @@ def load_eagle3_head(
         raise ModelError(f"EAGLE-3 head folder not found: {folder}",
                          fix="train one with `trtspec models eagle3 --target DIR --out DIR`")
     manifest = maybe_manifest(folder) or {}
-    if manifest.get("kind") == "quantized":  # `trtspec quantize` of a head: ModelOpt state, fake-quant
-        from trtspec.quantize.eagle3_head import load_quantized_head  # lazy: imports modelopt
-
+    load_quantized_head = loader_for(manifest.get("kind"), "eagle3_head")
+    if load_quantized_head is not None:  # `trtspec quantize` of a head: ModelOpt state, fake-quant
         return load_quantized_head(folder, target, dtype=dtype, device=device)
     cfg = HeadConfig.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"),
                                     feature_norm=manifest.get("feature_norm", "standard"))

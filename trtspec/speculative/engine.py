@@ -363,7 +363,7 @@ class Engine:
 
     def _finish(self, row: int, reason: str, now: float, emit: list[int] | None = None) -> Event:
         s = self.slots[row]
-        s.stats.finish(now, reason, peak_rss_bytes(), self.device)
+        s.stats.finish(now, reason, peak_rss_bytes(), peak_device_bytes(self.device))
         self.slots[row] = None
         self.valid[row] = 0
         if self.proposer is not None:
@@ -435,6 +435,10 @@ def pick_thread_count(engine: Engine, repeats: int = 3) -> dict | None:
 
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def peak_device_bytes(device: torch.device) -> int:
+    return torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import torch
 from trtspec.config import WEIGHT_ONLY_METHODS
 from trtspec.errors import ModelError, TrtspecError
 from trtspec.speculative.engine import Engine
+from trtspec.speculative.loaders import loader_for
 from trtspec.speculative.model import CausalLM, load_causal_lm, read_hf_config
 from trtspec.speculative.proposers import REGISTRY, DraftModelProposer, NgramProposer, Proposer, register
 
@@ -108,16 +109,15 @@ def load_model(folder: str, dtype: torch.dtype, device: torch.device, weight_onl
     ``weight_only="int8"`` runs the linear layers with INT8 weights (drafts only: see RuntimeSpec)."""
     from trtspec.manifest import maybe_manifest
 
-    m = maybe_manifest(folder)
-    if m and m.get("kind") == "quantized":  # a torch export loads; an hf/trtllm export is refused, with the fix
+    m = maybe_manifest(folder) or {}
+    load_quantized = loader_for(m.get("kind"), "causal_lm")
+    if load_quantized is not None:  # a torch export loads; an hf/trtllm export is refused, with the fix
         if weight_only != "none":
             raise ModelError(
                 f"{folder} is already quantized ({m.get('format', 'ModelOpt')}); draft_weight_only={weight_only} "
                 "would quantize it twice",
                 fix="set runtime.draft_weight_only: none, or point at the unquantized draft",
             )
-        from trtspec.quantize.runtime import load_quantized  # lazy: imports modelopt
-
         return load_quantized(folder, dtype=dtype, device=device)
     model = load_causal_lm(folder, dtype=dtype, device=device)
     return model.quantize_weight_only_() if weight_only == "int8" else model.fuse_()

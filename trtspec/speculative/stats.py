@@ -1,4 +1,5 @@
-"""Per-request and aggregated speculation statistics, and the adaptive draft-length controller.
+"""Per-request and aggregated speculation statistics, and the adaptive draft-length controller
+(no torch: the Triton BLS model and the reports read these too).
 
 Vocabulary (TRT-LLM / vLLM): *drafted* tokens the proposer offered; *accepted* of those the
 target kept; acceptance rate = accepted / drafted; acceptance length = tokens produced per target
@@ -8,10 +9,10 @@ pass = (accepted + passes) / passes (each pass also emits one correction or bonu
 from __future__ import annotations
 
 import collections
-import math
 from dataclasses import dataclass, field
 
-import torch
+
+from trtspec.acceptance import expected_speedup
 
 
 class _Acceptance:
@@ -69,14 +70,13 @@ class RequestStats(_Acceptance):
             if i < accepted:
                 self.accepted_at[i] += 1
 
-    def finish(self, now: float, reason: str, peak_rss: int, device: torch.device) -> None:
+    def finish(self, now: float, reason: str, peak_rss: int, peak_device: int = 0) -> None:
         self.finished_at = now
         self.finish_reason = reason
         if self.started is not None:
             self.total_s = now - self.started + self.queue_s
         self.peak_rss_bytes = peak_rss
-        if device.type == "cuda":
-            self.peak_device_bytes = torch.cuda.max_memory_allocated(device)
+        self.peak_device_bytes = peak_device
 
     @property
     def decode_s(self) -> float:
@@ -162,39 +162,6 @@ class Aggregate(_Acceptance):
         }
 
 
-def expected_tokens(alphas: list[float], k: int) -> float:
-    """Tokens per target pass when drafting k: 1 + Σ_{i≤k} Π_{j≤i} α_j (Leviathan et al.,
-    generalised from a constant α to measured per-position acceptance)."""
-    total, run = 1.0, 1.0
-    for i in range(k):
-        a = alphas[i] if i < len(alphas) else (alphas[-1] if alphas else 0.0)
-        run *= a
-        total += run
-    return total
-
-
-def expected_speedup(alphas: list[float], k: int, cost_ratio: float, verify_ratio: float = 1.0) -> float:
-    """Speedup over ordinary decoding for draft length k: E[tokens] / (k·c + v_k), where
-    c = draft step / target step and v_k = target pass over k+1 tokens / target step."""
-    if k == 0:
-        return 1.0
-    return expected_tokens(alphas, k) / (k * cost_ratio + verify_ratio)
-
-
-def break_even_acceptance(cost_ratio: float, k: int = 1, verify_ratio: float = 1.0) -> float:
-    """Smallest constant per-token acceptance α for which drafting k tokens beats ordinary decoding."""
-    lo, hi = 0.0, 1.0
-    if expected_speedup([1.0], k, cost_ratio, verify_ratio) < 1:
-        return 1.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        if expected_speedup([mid], k, cost_ratio, verify_ratio) < 1:
-            lo = mid
-        else:
-            hi = mid
-    return hi
-
-
 class AdaptiveDraftLength:
     """Per-request draft length from rolling acceptance (the run-time fallback).
 
@@ -247,13 +214,3 @@ class AdaptiveDraftLength:
             self.k = 1
             self.events.clear()
             self.drafted = 0
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (numpy's default), q in [0, 100]."""
-    if not values:
-        return math.nan
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q / 100
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)

@@ -22,7 +22,8 @@ import torch
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import Step
 from trtspec.speculative.sampling import SamplingParams
-from trtspec.speculative.stats import Aggregate, break_even_acceptance, expected_speedup, expected_tokens
+from trtspec.acceptance import break_even_acceptance, expected_speedup, expected_tokens
+from trtspec.speculative.stats import Aggregate
 
 
 @dataclass

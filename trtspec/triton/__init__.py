@@ -1,8 +1,11 @@
-"""Triton packaging and serving: repository rendering, the server launcher, python-backend models.
+"""Triton packaging and serving, split by where the code runs.
 
-* ``render``   recipe → typed :class:`ServingInputs` → rendered model repository (strict templates)
-* ``server``   :class:`TritonServer`, a context manager around a real ``tritonserver`` process
-* ``backend_*`` the logic of the python-backend models (``model_repository/*/1/model.py`` are thin)
+* :mod:`.render`     recipe → typed :class:`ServingInputs` → rendered model repository (strict
+                     templates from ``templates/``, shipped as package data); CLI process
+* :mod:`.placement`  which GPUs / MPI ranks each engine gets (pure; shared by render and launch)
+* :mod:`.launch`     the ``tritonserver`` launcher, watchdog and MPI plans; CLI process
+* :mod:`.backend`    the python-backend models; inside tritonserver's python stub
+* :mod:`.procs`      reading /proc for stub processes (used on both sides)
 """
 
 import locale as _locale

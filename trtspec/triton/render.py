@@ -1,4 +1,4 @@
-"""Render a Triton model repository from the read-only templates in ``model_repository/``.
+"""Render a Triton model repository from the read-only templates in ``trtspec/triton/templates/`` (package data).
 
 Recipe → :class:`ServingInputs` (typed, every value resolved) → a list of :class:`ModelPlan`
 (which template becomes which model, with which values) → files in a *fresh* folder.
@@ -37,8 +37,10 @@ import yaml
 
 from trtspec.errors import StageError
 from trtspec.manifest import MANIFEST, atomic_dir, write_manifest
+from trtspec.resources import templates_dir
+from trtspec.triton.placement import placement_parameters
 
-TEMPLATES = pathlib.Path(__file__).resolve().parent.parent.parent / "model_repository"
+TEMPLATES = templates_dir()
 RUNTIME_SPEC_FILE = "runtime_spec.json"
 REPOSITORY_KIND = "triton-repository"
 # Bumped when the client-visible tensor contract (docs/serving.md) changes.
@@ -260,7 +262,7 @@ def special_ids(model_dir: str) -> tuple[int, int]:
 @dataclass
 class ModelPlan:
     name: str
-    template: str  # folder under model_repository/
+    template: str  # folder under templates/
     values: dict[str, Any]
     files: dict[str, str] = field(default_factory=dict)  # generated files, relative to the model folder
     role: str = ""
@@ -359,7 +361,6 @@ def _plan_torch(inp: ServingInputs):
 
 def _tensorrtllm(name: str, inp: ServingInputs, role: str) -> ModelPlan:
     """A tensorrtllm-backend model for the build's ``role`` engine (target | draft | baseline)."""
-    from trtspec.triton.mpi import placement_parameters
 
     params = dict(inp.trtllm.triton_parameters(role))
     # GPUs and MPI ranks come from the launch layout, the same one `trtspec serve` runs (mpi.py)
@@ -486,10 +487,10 @@ def render_model(plan: ModelPlan, templates: pathlib.Path, root: pathlib.Path) -
     """Render one model folder ``root/plan.name`` (strict; its config.pbtxt parsed first)."""
     src = templates / plan.template
     if not (src / "config.pbtxt").is_file():
-        raise RenderError(f"template {src}/config.pbtxt not found", fix="reinstall trtspec (model_repository/)")
+        raise RenderError(f"template {src}/config.pbtxt not found", fix="reinstall trtspec (its package data trtspec/triton/templates/ is missing)")
     dst = root / plan.name
     dst.mkdir()
-    source = f"model_repository/{plan.template}/config.pbtxt"
+    source = f"templates/{plan.template}/config.pbtxt"
     text = fill((src / "config.pbtxt").read_text(), plan.values, source=source)
     cfg = parse_model_config(text, source=f"{plan.name}/config.pbtxt (from {source})")
     if cfg.name and cfg.name != plan.name:
@@ -501,7 +502,7 @@ def render_model(plan: ModelPlan, templates: pathlib.Path, root: pathlib.Path) -
         if f.is_dir() or rel.name == "config.pbtxt" or "__pycache__" in rel.parts:
             continue
         if placeholders(f.read_text(errors="replace")):
-            raise RenderError(f"model_repository/{plan.template}/{rel} has ${{...}} placeholders; "
+            raise RenderError(f"templates/{plan.template}/{rel} has ${{...}} placeholders; "
                               "only config.pbtxt is a template")
         (dst / rel).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(f, dst / rel)

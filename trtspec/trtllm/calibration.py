@@ -4,7 +4,7 @@ The scripts take an HF dataset name or a local dataset folder (``train`` split, 
 ``quantize_by_modelopt.get_calib_dataloader``) and cut each row at ``--calib_max_seq_length``
 tokens. This writes ``<out>/train.jsonl`` so the engine flow calibrates on the same text as
 ``trtspec quantize``: ``builtin`` is the train split of the Python stdlib corpus
-(``trtspec.models.tiny.corpus_split``; nothing is downloaded), a file is ``.jsonl`` (``text`` or
+(``trtspec.checkpoints.tiny.corpus_split``; nothing is downloaded), a file is ``.jsonl`` (``text`` or
 ``prompt`` per line) or plain text. The text is cut into ``size`` rows long enough to fill
 ``seq_len`` tokens, the way ``trtspec quantize`` cuts token windows.
 
@@ -27,7 +27,7 @@ CHARS_PER_TOKEN = 6
 
 def _read(source: str) -> list[str]:
     if source == "builtin":
-        from trtspec.models.tiny import corpus_split
+        from trtspec.corpus import corpus_split
 
         train, _held = corpus_split()
         return train

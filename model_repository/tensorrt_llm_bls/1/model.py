@@ -1,9 +1,0 @@
-"""tensorrt_llm_bls: draft-target rounds over two models. The logic lives in trtspec.triton.backend_bls."""
-
-import triton_python_backend_utils as pb_utils
-
-from trtspec.triton.backend_bls import DraftTargetBls
-
-
-class TritonPythonModel(DraftTargetBls):
-    pb = pb_utils

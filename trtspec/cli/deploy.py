@@ -1,0 +1,83 @@
+"""`trtspec deploy k8s`: Kubernetes manifests for a recipe."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from trtspec.config import load_recipe
+from trtspec.deploy.k8s import K8sOptions, write_k8s
+from trtspec.cli.common import handle_errors, out
+
+
+@click.group()
+def deploy() -> None:
+    """Deploy a recipe beyond one machine: Kubernetes manifests (docs/scaleout.md)."""
+
+
+@deploy.command("k8s")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="New folder, on the volume the pods mount: both repositories, k8s/*.yaml, rollout.sh.")
+@click.option("--build-dir", type=click.Path(file_okay=False), default=None,
+              help="TRT-LLM runtimes: the folder `trtspec build` wrote (default: build/<recipe name>).")
+@click.option("--target", type=click.Path(file_okay=False), default=None, help="torch runtime: serve this target folder.")
+@click.option("--draft", type=click.Path(file_okay=False), default=None, help="torch runtime: serve this draft / head folder.")
+@click.option("--name", default=None, help="Object name prefix (default: the recipe name, DNS-safe).")
+@click.option("--namespace", default="default", show_default=True)
+@click.option("--image", default=None, help="Container image (default: runtime.trtllm.container_image; it needs trtspec installed).")
+@click.option("--mount-path", default="/workspace", show_default=True,
+              help="Where the pods mount the volume: the build, models and OUT must be under it, at these paths.")
+@click.option("--pvc", default=None, help="Use this existing PersistentVolumeClaim (default: k8s/pvc.yaml makes NAME-models).")
+@click.option("--storage", default="1Ti", show_default=True, help="Size of the claim k8s/pvc.yaml makes.")
+@click.option("--storage-class", default=None, help="StorageClass of that claim (ReadWriteMany).")
+@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="Pods per track at first; the autoscalers' minimum.")
+@click.option("--max-replicas", default=4, show_default=True, type=click.IntRange(1), help="Autoscalers' maximum per track.")
+@click.option("--speculative-weight", default=0, show_default=True, type=click.IntRange(0, 100),
+              help="Percent of traffic on the speculative track at first (rollout.sh changes it).")
+@click.option("--target-pending", type=click.IntRange(1), default=None,
+              help="Scale out above this many waiting requests per pod (default: limits.max_batch_size).")
+@click.option("--target-queue-ms", default=100.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Scale out above this average queue time per request.")
+@click.option("--shm-size", default="16Gi", show_default=True, help="/dev/shm of each pod (python backend, NCCL).")
+@click.option("--cpu", default=None, help="CPU request per pod, e.g. 16.")
+@click.option("--memory", default=None, help="Memory request and limit per pod, e.g. 256Gi.")
+@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--json", "as_json", is_flag=True, help="Print the folder's manifest as JSON.")
+@handle_errors
+def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image, mount_path, pvc, storage,
+               storage_class, replicas, max_replicas, speculative_weight, target_pending, target_queue_ms, shm_size,
+               cpu, memory, force, as_json):
+    """Kubernetes manifests: the speculative deployment beside its baseline, weighted traffic split.
+
+    \b
+    Per track: Deployment (NVIDIA's Triton TRT-LLM container, GPUs of the launch plan, probes on
+    /v2/health/ready and /v2/health/live), Service (gRPC 8001, HTTP 8000, metrics 8002) and an
+    autoscaler on Triton's queue metrics (prometheus-adapter). One Istio VirtualService splits the
+    traffic; rollout.sh PERCENT shifts it, rollout.sh 0 rolls back.
+    """
+    recipe = load_recipe(config)
+    if recipe.runtime.backend != "torch" and build_dir is None:
+        build_dir = os.path.join("build", recipe.name)
+    opts = K8sOptions(name=name, namespace=namespace, image=image, mount_path=mount_path, pvc=pvc, storage=storage,
+                      storage_class=storage_class, replicas=replicas, max_replicas=max_replicas,
+                      speculative_weight=speculative_weight, target_pending_requests=target_pending,
+                      target_queue_ms=target_queue_ms, shm_size=shm_size, cpu=cpu, memory=memory)
+    res = write_k8s(recipe, out_dir, opts=opts, build_dir=build_dir, target=target, draft=draft, overwrite=force)
+    if as_json:
+        click.echo(json.dumps(res.manifest, indent=2, default=str))
+        return
+    m, lay = res.manifest, res.layout
+    out.print(f"trtspec deploy k8s → {res.path}")
+    out.print(f"  pods     {res.gpus_per_pod} GPU(s) each, launch {lay.mode} (MPI world {lay.world_size}), "
+              f"image {m['image']}")
+    out.print(f"  tracks   {res.app}-speculative, {res.app}-baseline (namespace {res.namespace}); "
+              f"speculative weight {m['speculative_weight']}%")
+    out.print(f"  entry    {m['entry_service']} (gRPC 8001, HTTP 8000)")
+    for f in res.files:
+        out.print(f"  wrote    {f}", markup=False)
+    out.print(f"apply:    {m['commands']['apply']}", markup=False)
+    out.print(f"shift:    {m['commands']['rollout']}", markup=False)
+    out.print(f"rollback: {m['commands']['rollback']}", markup=False)

@@ -1,0 +1,187 @@
+"""Against a running server: `bench` (load, GenAI-Perf metrics) and `validate` (gates → verdict)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+from rich.table import Table
+from rich.markup import escape
+
+from trtspec.client.loadgen import BenchSettings, run_bench
+from trtspec.client.types import Sampling
+from trtspec.config import load_recipe
+from trtspec.prompts import load_prompts
+from trtspec.validate.report import write_bench_report
+from trtspec.validate.report import write_validation_report
+from trtspec.validate.run import run_validation
+from trtspec.cli.common import _int_list, _progress, _url_list, err, handle_errors, out
+
+
+def _bench_table(d: dict, title: str) -> Table:
+    table = Table(title=title, caption="times in ms; tok/s/u = per user p50; AL = acceptance length; × = output tok/s speculative/baseline")
+    for col in ("c", "model", "req/s", "tok/s", "TTFT p50", "ITL p50", "lat p50", "lat p95", "tok/s/u", "AL", "×"):
+        table.add_column(col, justify="left" if col == "model" else "right")
+    for lv in d["levels"]:
+        for role, m in lv["models"].items():
+            a = m["acceptance"]
+            al = a["acceptance_length"] or a["acceptance_length_from_chunks"]
+            sp = lv.get("speedup", {}).get("output_token_throughput") if role == "speculative" else None
+            table.add_row(
+                str(lv["concurrency"]), role[:4], f"{m['request_throughput']:.2f}", f"{m['output_token_throughput']:.1f}",
+                f"{m['ttft_s']['p50'] * 1e3:.1f}", f"{(m['itl_s'].get('p50') or 0) * 1e3:.2f}",
+                f"{m['request_latency_s']['p50'] * 1e3:.0f}", f"{m['request_latency_s']['p95'] * 1e3:.0f}",
+                f"{m['output_tps_per_user'].get('p50') or 0:.1f}", "-" if al is None else f"{al:.2f}",
+                "" if sp is None else f"{sp:.2f}")
+    return table
+
+
+def _replica_table(d: dict, equivalence: dict | None = None) -> Table:
+    """Per replica, at each concurrency: output tokens/s of both models and the speedup (and the
+    greedy equivalence when validating)."""
+    table = Table(title="each replica", caption="tok/s = output tokens/s; × = speculative/baseline")
+    cols = ["c", "replica", "spec tok/s", "base tok/s", "×", "errors"] + (["exact"] if equivalence else [])
+    for col in cols:
+        table.add_column(col, justify="left" if col == "replica" else "right")
+    for lv in d["levels"]:
+        for url, rep in lv.get("replicas", {}).items():
+            m = rep["models"]
+            sp = rep.get("speedup", {}).get("output_token_throughput")
+            row = [str(lv["concurrency"]), url, f"{m['speculative']['output_token_throughput'] or 0:.1f}",
+                   f"{m['baseline']['output_token_throughput'] or 0:.1f}" if "baseline" in m else "-",
+                   "" if sp is None else f"{sp:.2f}", str(sum(x["errors"] for x in m.values()))]
+            if equivalence:
+                eq = equivalence[url]
+                row.append(f"{sum(p.exact for p in eq.prompts)}/{len(eq.prompts)}")
+            table.add_row(*row)
+    return table
+
+
+@click.command()
+@click.option("--url", "urls", required=True, multiple=True, callback=_url_list,
+              help="gRPC endpoint of the server, HOST:PORT; several replicas: repeat it or give a comma list "
+                   "(each is loaded at every concurrency level; per-replica and total results).")
+@click.option("--concurrency", default="1,2,4", show_default=True, callback=_int_list,
+              help="Comma-separated concurrency levels (requests in flight).")
+@click.option("--prompts", "prompt_source", default="builtin:code", show_default=True,
+              help="builtin:code|chat|mixed|stdlib or a .jsonl file (objects with 'text' or 'prompt').")
+@click.option("--num-prompts", type=click.IntRange(1), default=None, help="Use this many prompts (cycled).")
+@click.option("--requests", type=click.IntRange(1), default=None,
+              help="Requests per model and level (default 16 unless --duration).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds per model and level instead of a request count.")
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0), help="Unmeasured requests per model.")
+@click.option("--output-len", default="64", show_default=True, callback=_int_list,
+              help="max_tokens per request; a list is cycled over requests (e.g. 16,64,256).")
+@click.option("--prompt-len", default=None, callback=_int_list,
+              help="Cut/extend prompts to these lengths (tokens with --tokenizer, else characters), cycled.")
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 100), help="0 = greedy.")
+@click.option("--top-k", default=None, type=click.IntRange(0))
+@click.option("--top-p", default=None, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--seed", default=None, type=click.IntRange(0))
+@click.option("--model", "spec_model", default="ensemble", show_default=True, help="Speculative model.")
+@click.option("--baseline-model", default="ensemble_baseline", show_default=True, help="Ordinary-decoding model.")
+@click.option("--no-baseline", is_flag=True, help="Measure only --model (no side-by-side ratios).")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="HF tokenizer folder: prompt lengths in tokens, and token counts when the server sends no ids.")
+@click.option("--no-stream", is_flag=True, help="Ask for one response per request (TTFT = request latency).")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Seconds per request.")
+@click.option("--ready-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the server and models to be ready.")
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary (no per-request records) as JSON.")
+@handle_errors
+def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, warmup, output_len, prompt_len,
+          temperature, top_k, top_p, seed, spec_model, baseline_model, no_baseline, tokenizer, no_stream, timeout,
+          ready_timeout, out_dir, as_json):
+    """Load-test a deployment: baseline and speculative side by side, GenAI-Perf metrics.
+
+    TTFT, time to second token, ITL, inter-chunk latency, request latency, output tokens/s (per
+    user and total), requests/s at p50/p90/p95/p99, acceptance rate and length, by prompt and
+    output length; speculative/baseline ratios per concurrency level.
+
+    If a server goes away mid-run, the report of everything measured so far is still written,
+    and the command exits 4.
+    """
+    if requests is not None and duration is not None:
+        raise click.UsageError("pass --requests or --duration, not both")
+    settings = BenchSettings(
+        concurrency=concurrency, requests=None if duration else (requests or 16), duration_s=duration,
+        warmup=warmup, output_lens=output_len, prompt_lens=prompt_len,
+        sampling=Sampling(max_tokens=output_len[0], temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        speculative_model=spec_model, baseline_model=None if no_baseline else baseline_model,
+        stream=not no_stream, timeout_s=timeout)
+    prompts = load_prompts(prompt_source, num_prompts)
+    prog, update = _progress()
+    with prog:
+        result = run_bench(urls[0] if len(urls) == 1 else urls, prompts, settings, tokenizer=tokenizer,
+                           prompt_source=prompt_source, progress=update, ready_timeout_s=ready_timeout)
+    files = write_bench_report(result, out_dir)
+    d = result.to_dict(with_records=False)
+    if as_json:
+        click.echo(json.dumps(d, indent=2, default=str))
+    else:
+        out.print(_bench_table(d, f"trtspec bench {result.url} ({result.wall_s:.0f}s)"))
+        if len(result.replicas) > 1:
+            out.print(_replica_table(d))
+        out.print(f"report: {os.path.join(out_dir, 'report.md')} (+ report.json, {len(files) - 2} plots)")
+    if result.interrupted is not None:
+        i, o = result.interrupted, d["outcome"]
+        err.print(f"[bold red]error:[/] a server went away at concurrency {i['concurrency']} ({escape(i['phase'])}): "
+                  f"{escape(i['error'])}\n  {o['completed']} requests completed, {o['failed']} failed "
+                  f"({o['failed_with_partial_output']} with partial output); the report has everything measured")
+        sys.exit(4)
+
+
+@click.command()
+@click.option("--url", "urls", required=True, multiple=True, callback=_url_list,
+              help="gRPC endpoint of the server, HOST:PORT; several replicas: repeat it or give a comma list "
+                   "(equivalence checked on each, load on all at once).")
+@click.argument("config", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+@click.option("--model", "spec_model", default="ensemble", show_default=True, help="Speculative model.")
+@click.option("--baseline-model", default="ensemble_baseline", show_default=True, help="Ordinary-decoding model.")
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="HF tokenizer folder (default: the recipe target's, if present).")
+@click.option("--ready-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds to wait for the server and models to be ready.")
+@click.option("--json", "as_json", is_flag=True, help="Print the verdict and gates as JSON.")
+@handle_errors
+def validate(urls, config, out_dir, spec_model, baseline_model, tokenizer, ready_timeout, as_json):
+    """Validate a served deployment against its recipe's gates; exit 0 = deploy speculative, 1 = keep baseline.
+
+    Greedy output equivalence per prompt (first divergence, edit distance; tolerance from
+    validation.equivalence_tolerance), a sampled distribution check (validation.sampled_check_samples),
+    latency and acceptance under load (validation.concurrency), then the gates in validation.gates.
+    Exit 2: bad recipe or input; 4: server unreachable or failing.
+    """
+    recipe = load_recipe(config)
+    prog, update = _progress()
+    with prog:
+        result = run_validation(urls[0] if len(urls) == 1 else urls, recipe, tokenizer=tokenizer or True,
+                                speculative_model=spec_model,
+                                baseline_model=baseline_model, progress=update, ready_timeout_s=ready_timeout)
+    write_validation_report(result, out_dir, max_draft_len=recipe.max_draft_len or None,
+                            min_speedup=recipe.validation.gates.min_speedup)
+    v = result.verdict
+    if as_json:
+        click.echo(json.dumps({"verdict": v.to_dict(), "report": os.path.join(out_dir, "report.md")}, indent=2))
+    else:
+        table = Table(title=f"trtspec validate {recipe.name} @ {result.url}")
+        table.add_column("gate")
+        table.add_column("status")
+        table.add_column("detail", overflow="fold")
+        for g in v.gates:
+            table.add_row(g.name, "[green]pass[/]" if g.passed else "[bold red]FAIL[/]", g.detail)
+        out.print(table)
+        if len(result.replicas) > 1:
+            out.print(_replica_table(result.bench.to_dict(with_records=False),
+                                     {url: eq for url, (eq, _) in result.replicas.items()}))
+        style = "bold green" if v.deploy_speculative else "bold red"
+        out.print(f"verdict: [{style}]{v.decision}[/]  (report: {os.path.join(out_dir, 'report.md')})")
+    sys.exit(result.exit_code)

@@ -1,0 +1,99 @@
+"""`trtspec serve`: run tritonserver on a rendered repository, with the watchdog."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from trtspec.triton.launch.mpi import planned_launch, with_repository_layout
+from trtspec.triton.launch.server import StopRequested, StopSignals, server_for_repository
+from trtspec.triton.launch.watchdog import WatchdogSettings
+from trtspec.triton.render import read_repository_manifest
+from trtspec.cli.common import err, handle_errors, out
+
+
+@click.command()
+@click.argument("repo", type=click.Path(exists=True, file_okay=False))
+@click.option("--host", default=None, help="Address to bind (default: the recipe's serving.host, 127.0.0.1).")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
+@click.option("--ready-timeout", type=click.FloatRange(min=1), default=None,
+              help="Seconds to wait for every model to load (default: serving.ready_timeout_s, 180).")
+@click.option("--json", "as_json", is_flag=True, help="Print the endpoints as one JSON line when ready.")
+@click.option("--dry-run", is_flag=True,
+              help="Print the launch plan (TRT-LLM engines: mpirun over every rank) and exit; starts nothing.")
+@click.option("--no-watchdog", is_flag=True,
+              help="Do not watch the models (no reload of a model whose python stub died; docs/reliability.md).")
+@click.option("--probe-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
+              help="Seconds between the watchdog's one-token probes of the entry points; 0 = no probes.")
+@click.option("--load-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
+              help="Seconds a watchdog reload may take before the server is stopped with an error.")
+@handle_errors
+def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
+          ready_timeout: float | None, as_json: bool, dry_run: bool, no_watchdog: bool, probe_every: float,
+          load_timeout: float) -> None:
+    """Serve a model repository with tritonserver until Ctrl-C, SIGTERM or SIGHUP.
+
+    Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
+    Models are decoupled: clients use the gRPC streaming API (unary ModelInfer is rejected).
+    TRT-LLM engines over several GPUs run as MPI ranks, as NVIDIA's launch_triton_server.py
+    starts them (runtime.trtllm.launch_mode; docs/scaleout.md).
+
+    A watchdog reloads a model whose python stub died (Triton 2.51 leaves it READY but failing),
+    logs it and counts it on /metrics (trtspec_watchdog_*); a reload that fails or hangs stops
+    the server with an error (exit 1). Single-process servers only.
+    """
+    watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
+                                                         load_timeout_s=load_timeout)
+    server = with_repository_layout(server_for_repository(
+        repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
+        ready_timeout=ready_timeout, watchdog=watchdog,
+        on_watchdog_event=lambda ev: err.print(str(ev), markup=False)))
+    if dry_run:
+        plan = planned_launch(server)
+        if 0 in server.ports:
+            err.print("note: ports left at 0 (a free port at start) are shown as Triton's defaults; "
+                      "pass --grpc-port, --http-port and --metrics-port to fix them", markup=False)
+        if as_json:
+            click.echo(json.dumps(plan.to_dict(), indent=2))
+        else:
+            click.echo(plan.describe(), nl=False)
+        return
+    err.print(f"starting tritonserver on {repo} ...")
+    # handlers go in before the start: a signal between readiness and serve_forever is not lost,
+    # and one during start-up stops what was started (exit 128+signal) instead of orphaning it
+    with StopSignals() as signals:
+        try:
+            _serve_until_stopped(server, repo, signals, as_json)
+        except StopRequested as e:
+            err.print(f"stopped by {e} before the server was ready; nothing left running")
+            sys.exit(128 + e.signum)
+    err.print(f"stopped (tritonserver exit code {server.returncode})")
+
+
+def _serve_until_stopped(server, repo: str, signals, as_json: bool) -> None:
+
+    with server:
+        signals.serving = True  # ready: from here a signal means "drain and stop", exit 0
+        e = server.endpoints
+        if as_json:
+            click.echo(json.dumps({**e.to_dict(), "log": str(server.log_path),
+                                   "watchdog": server.watchdog is not None}), nl=True)
+            sys.stdout.flush()
+        else:
+            out.print(f"[green]ready[/]: {repo}")
+            out.print(f"  gRPC     {e.grpc}")
+            out.print(f"  HTTP     {e.http}")
+            out.print(f"  metrics  {e.metrics}")
+            models = (read_repository_manifest(repo) or {}).get("entry_points")
+            if models:
+                out.print(f"  models   {models['speculative']} (speculative path), {models['baseline']} (baseline)")
+            out.print(f"  log      {server.log_path}")
+            if server.watchdog is not None:
+                out.print("  watchdog reloads models whose python stub died (trtspec_watchdog_* on /metrics)")
+            out.print("[dim]Ctrl-C to stop[/]")
+        server.serve_forever(signals)
+        err.print("stopping (draining in-flight requests) ...")

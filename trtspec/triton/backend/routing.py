@@ -1,0 +1,184 @@
+"""The router's policy: traffic split, rolling acceptance, break-even fallback, probing.
+
+Pure and thread-safe; the router model (``backend_router``) asks :meth:`RoutingPolicy.route`
+for each request and reports each finished request back.
+
+* Split: a deterministic credit counter sends exactly ``speculative_fraction`` of requests to the
+  speculative model (0.5 → every other request), so small runs and tests see the configured share.
+* Fallback: the rolling acceptance rate (accepted / drafted over the last ``window`` draft tokens)
+  is compared with break-even. Below it, speculative-bound requests go to the baseline, except
+  every ``probe_every``-th (a probe), whose result refreshes the window so the router can recover.
+* Break-even: ``min_acceptance_rate`` if the recipe sets it; else derived from measured costs:
+  c = draft time per draft token / target step, v = verify time per pass / target step (target step
+  from baseline requests; before any, the verify pass stands in for it). The per-token break-even
+  α* (Leviathan et al.: speedup (1-α^{k+1})/((1-α)(k·c+v)) = 1) is converted to the acceptance rate
+  it implies at the mean draft length k, r* = (α + … + α^k) / k, which is what the window measures.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+
+
+def acceptance_rate_at(alpha: float, k: int) -> float:
+    """Expected accepted/drafted for a per-token acceptance ``alpha`` and draft length ``k``
+    (draft position i is accepted with probability α^i: every earlier one must be)."""
+    if k <= 0:
+        return 0.0
+    return sum(alpha**i for i in range(1, k + 1)) / k
+
+
+@dataclass(frozen=True)
+class Decision:
+    speculative: bool
+    reason: str  # "speculative" | "fraction" | "fallback" | "probe" | "no-speculative-model"
+
+
+class _Ema:
+    def __init__(self, a: float = 0.2):
+        self.a, self.value = a, None
+
+    def add(self, x: float) -> None:
+        self.value = x if self.value is None else (1 - self.a) * self.value + self.a * x
+
+
+class RoutingPolicy:
+    def __init__(
+        self,
+        speculative_fraction: float = 1.0,
+        *,
+        min_acceptance_rate: float | None = None,
+        window: int = 64,
+        probe_every: int = 8,
+        max_draft_len: int = 4,
+        min_samples: int | None = None,
+        has_speculative: bool = True,
+    ):
+        if not 0 <= speculative_fraction <= 1:
+            raise ValueError(f"speculative_fraction must be in [0, 1], got {speculative_fraction}")
+        self.has_speculative = has_speculative
+        self.fraction = speculative_fraction if has_speculative else 0.0
+        self.min_rate = min_acceptance_rate
+        self.window = max(1, window)
+        self.probe_every = max(1, probe_every)
+        self.max_draft_len = max(1, max_draft_len)
+        self.min_samples = min_samples if min_samples is not None else max(4, self.window // 4)
+        self._credit = 0.0
+        self._events: collections.deque[tuple[int, int]] = collections.deque()  # (drafted, accepted)
+        self._drafted = 0
+        self._accepted = 0
+        self._held_back = 0  # speculative-bound requests sent to the baseline since the last probe
+        self._fallback = False
+        self._lock = threading.Lock()
+        # measured costs (seconds)
+        self._draft_per_token = _Ema()
+        self._verify_per_pass = _Ema()
+        self._target_step = _Ema()
+        self._draft_len = _Ema()
+        self.counts = collections.Counter()
+
+    # -------------------------------------------------------------- decisions
+
+    def route(self) -> Decision:
+        with self._lock:
+            d = self._route()
+            self.counts[d.reason] += 1
+            return d
+
+    def _route(self) -> Decision:
+        if not self.has_speculative:
+            return Decision(False, "no-speculative-model")
+        self._credit += self.fraction
+        if self._credit < 1 - 1e-9:
+            return Decision(False, "fraction")
+        self._credit -= 1
+        if not self._fallback:
+            return Decision(True, "speculative")
+        self._held_back += 1
+        if self._held_back >= self.probe_every:
+            self._held_back = 0
+            return Decision(True, "probe")
+        return Decision(False, "fallback")
+
+    # -------------------------------------------------------------- feedback
+
+    def record_speculative(self, drafted: int, accepted: int, perf: dict | None = None) -> None:
+        """A speculative request finished with these totals (and its RequestStats dict)."""
+        with self._lock:
+            if drafted > 0:
+                self._events.append((drafted, accepted))
+                self._drafted += drafted
+                self._accepted += accepted
+                while self._drafted - self._events[0][0] >= self.window and len(self._events) > 1:
+                    d, a = self._events.popleft()
+                    self._drafted -= d
+                    self._accepted -= a
+            if perf:
+                passes = perf.get("target_passes") or 0
+                if drafted > 0 and perf.get("draft_s") is not None:
+                    self._draft_per_token.add(perf["draft_s"] / drafted)
+                if passes and perf.get("verify_s") is not None:
+                    self._verify_per_pass.add(perf["verify_s"] / passes)
+                    self._draft_len.add(drafted / passes)
+            self._update()
+
+    def record_baseline(self, perf: dict | None = None) -> None:
+        """A baseline request finished; its verify time per pass is one target step."""
+        with self._lock:
+            passes = (perf or {}).get("target_passes") or 0
+            if passes and perf.get("verify_s") is not None:
+                self._target_step.add(perf["verify_s"] / passes)
+                self._update()
+
+    def _update(self) -> None:
+        if self._drafted < self.min_samples:
+            return
+        threshold = self._break_even()
+        if threshold is None:
+            return
+        was = self._fallback
+        self._fallback = self._accepted / self._drafted < threshold
+        if self._fallback and not was:
+            self._held_back = 0
+
+    # -------------------------------------------------------------- state
+
+    def _break_even(self) -> float | None:
+        if self.min_rate is not None:
+            return self.min_rate
+        d, v = self._draft_per_token.value, self._verify_per_pass.value
+        if d is None or v is None:
+            return None
+        t = self._target_step.value or v
+        k = max(1, round(self._draft_len.value or self.max_draft_len))
+        from trtspec.acceptance import break_even_acceptance
+
+        alpha = break_even_acceptance(d / t, k, v / t)
+        return acceptance_rate_at(alpha, k)
+
+    @property
+    def break_even(self) -> float | None:
+        with self._lock:
+            return self._break_even()
+
+    @property
+    def rolling_acceptance(self) -> float | None:
+        with self._lock:
+            return self._accepted / self._drafted if self._drafted else None
+
+    @property
+    def fallback_active(self) -> bool:
+        return self._fallback
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return {
+                "speculative_fraction": self.fraction,
+                "fallback_active": self._fallback,
+                "rolling_acceptance_rate": self._accepted / self._drafted if self._drafted else None,
+                "window_draft_tokens": self._drafted,
+                "break_even_acceptance_rate": self._break_even(),
+                "decisions": dict(self.counts),
+            }

@@ -1,0 +1,94 @@
+"""The ``trtspec_watchdog`` python model: puts the launcher's watchdog counters on Triton's /metrics.
+
+The launcher (``trtspec.triton.launch.watchdog``) is a separate process; Prometheus scrapes Triton's
+metrics port. So the launcher loads this tiny model from its own work folder (not the user's
+repository) and reports each event to it as an inference request: ``EVENT`` (``declare``,
+``reload``, ``reload_failed``, ``probe_failed``), ``MODEL`` (the model concerned) and ``SECONDS``
+(time to recovery). Metric calls come only from ``execute`` (one thread), under the lock anyway.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+NAME = "trtspec_watchdog"
+
+CONFIG = f"""# Written by trtspec's launcher into its work folder; counts watchdog events on /metrics.
+name: "{NAME}"
+backend: "python"
+max_batch_size: 0
+input [
+  {{ name: "EVENT" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "MODEL" data_type: TYPE_STRING dims: [ 1 ] }},
+  {{ name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] }}
+]
+output [ {{ name: "OK" data_type: TYPE_BOOL dims: [ 1 ] }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+"""
+
+MODEL_PY = '''"""trtspec_watchdog: the launcher's watchdog counters. Logic: trtspec.triton.backend.watchdog_model."""
+
+import triton_python_backend_utils as pb_utils
+
+from trtspec.triton.backend.watchdog_model import WatchdogModel
+
+
+class TritonPythonModel(WatchdogModel):
+    pb = pb_utils
+'''
+
+# event → (metric, kind, description)
+FAMILIES = {
+    "reload": ("trtspec_watchdog_reloads_total", "COUNTER",
+               "Models the watchdog reloaded after their python stub died (READY but failing)"),
+    "reload_failed": ("trtspec_watchdog_reload_failures_total", "COUNTER",
+                      "Reloads that failed or did not finish within the load timeout"),
+    "probe_failed": ("trtspec_watchdog_probe_failures_total", "COUNTER",
+                     "End-to-end probe requests that failed"),
+    "recovery": ("trtspec_watchdog_last_recovery_seconds", "GAUGE",
+                 "Seconds from detecting a dead stub to the model being loaded again"),
+}
+
+
+class WatchdogModel:
+    pb = None  # triton_python_backend_utils, set by model.py
+
+    def initialize(self, args: dict) -> None:
+        self.lock = threading.Lock()
+        self.families = {event: self.pb.MetricFamily(name=name, description=desc,
+                                                     kind=getattr(self.pb.MetricFamily, kind))
+                         for event, (name, kind, desc) in FAMILIES.items()}
+        self.metrics: dict[tuple[str, str], object] = {}
+
+    def _metric(self, event: str, model: str):
+        key = (event, model)
+        if key not in self.metrics:
+            self.metrics[key] = self.families[event].Metric(labels={"model": model})
+        return self.metrics[key]
+
+    def execute(self, requests):
+        pb = self.pb
+        out = []
+        for r in requests:
+            try:
+                event = pb.get_input_tensor_by_name(r, "EVENT").as_numpy().reshape(-1)[0].decode()
+                models = pb.get_input_tensor_by_name(r, "MODEL").as_numpy().reshape(-1)[0].decode()
+                seconds = float(pb.get_input_tensor_by_name(r, "SECONDS").as_numpy().reshape(-1)[0])
+                with self.lock:
+                    for model in filter(None, models.split(",")):
+                        if event == "declare":  # every series exists (at 0) before the first event
+                            for e in ("reload", "reload_failed", "probe_failed"):
+                                self._metric(e, model)
+                        elif event == "reload":
+                            self._metric("reload", model).increment(1)
+                            self._metric("recovery", model).set(seconds)
+                        elif event in FAMILIES:
+                            self._metric(event, model).increment(1)
+                        else:
+                            raise ValueError(f"unknown event {event!r}")
+                out.append(pb.InferenceResponse([pb.Tensor("OK", np.array([True]))]))
+            except Exception as e:  # noqa: BLE001 - answer this request, keep serving
+                out.append(pb.InferenceResponse(error=pb.TritonError(f"{NAME}: {type(e).__name__}: {e}")))
+        return out

@@ -1,0 +1,635 @@
+"""Launch a real ``tritonserver`` on a model repository: :class:`TritonServer`.
+
+Which binary: ``tritonserver`` on PATH (NVIDIA's container, with its own backends), else the one
+bundled in ``nvidia-pytriton==0.7.0`` (Triton 2.51, CPU). For the bundled one the python backend
+needs a private ``backends/python`` folder of *symlinks* (a copied stub loses its RPATH), the
+project venv's ``bin`` first on PATH (the stub takes its Python from there: numpy<2 is required,
+numpy 2 silently zeroes tensors) and ``LD_LIBRARY_PATH`` = this interpreter's LIBDIR (so the
+stub's libpython matches the venv's stdlib). See reference/triton-cpu.md §1.
+
+Lifecycle: the server runs in its own process group; readiness is polled with a bounded timeout
+(a python stub that cannot start makes model loading hang forever); a model that fails to load
+is reported by name with the reason from the server log; :meth:`stop` sends SIGTERM (graceful:
+in-flight requests drain), then kills the whole group and removes what the python backend leaves
+behind when a server does not exit cleanly: its shared-memory files
+(``/dev/shm/<shm-region-prefix-name>*``) and its ``/tmp/python_env_*`` folder (a path the backend
+hard-codes). Each running server is recorded in ``$TMPDIR/trtspec-triton-servers/``; a later start
+cleans up after servers whose launcher was killed before it could (``sweep_leftovers``).
+
+With ``watchdog=WatchdogSettings()`` the server runs under explicit model control (every model
+loaded at start) and a :class:`~trtspec.triton.launch.watchdog.Watchdog` reloads models whose python stub
+died (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import glob
+import json
+import os
+import pathlib
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+from trtspec.errors import ServerError
+from trtspec.triton.launch.paths import pytriton_dist
+
+SHM_DIR = pathlib.Path("/dev/shm")
+# the python backend's EnvironmentManager makes one mkdtemp("/tmp/python_env_XXXXXX") per server
+# and removes it only on a clean exit; the path ignores TMPDIR
+PYTHON_ENV_GLOB = "/tmp/python_env_*"
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    host: str
+    grpc_port: int
+    http_port: int
+    metrics_port: int
+
+    @property
+    def grpc(self) -> str:
+        return f"{self.host}:{self.grpc_port}"
+
+    @property
+    def http(self) -> str:
+        return f"http://{self.host}:{self.http_port}"
+
+    @property
+    def metrics(self) -> str:
+        return f"http://{self.host}:{self.metrics_port}/metrics"
+
+    def to_dict(self) -> dict:
+        return {"grpc": self.grpc, "http": self.http, "metrics": self.metrics}
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def find_tritonserver() -> tuple[pathlib.Path, bool]:
+    """(binary, bundled): tritonserver on PATH first, else nvidia-pytriton's."""
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return pathlib.Path(on_path), False
+    dist = pytriton_dist()
+    if dist is not None and (dist / "bin" / "tritonserver").is_file():
+        return dist / "bin" / "tritonserver", True
+    raise ServerError(
+        "no tritonserver found: not on PATH and nvidia-pytriton is not installed",
+        fix="pip install nvidia-pytriton==0.7.0 (CPU, bundled server), or run inside NVIDIA's Triton container",
+    )
+
+
+def prepare_backends(dst: pathlib.Path) -> pathlib.Path:
+    """``dst/backends/python`` = symlinks to the bundled python backend and this Python's stub."""
+    dist = pytriton_dist()
+    if dist is None:
+        raise ServerError("nvidia-pytriton is not installed", fix="pip install nvidia-pytriton==0.7.0")
+    ver = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    stub = dist / "python_backend_stubs" / ver / "triton_python_backend_stub"
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no python backend stub for Python {ver}",
+                          fix="use Python 3.8-3.13")
+    py = dst / "backends" / "python"
+    py.mkdir(parents=True, exist_ok=True)
+    for name, src in {
+        "libtriton_python.so": dist / "backends" / "python" / "libtriton_python.so",
+        "triton_python_backend_utils.py": dist / "backends" / "python" / "triton_python_backend_utils.py",
+        "triton_python_backend_stub": stub,
+    }.items():
+        link = py / name
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(src)
+    return dst / "backends"
+
+
+def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """PATH with this venv's bin first; LD_LIBRARY_PATH with this interpreter's LIBDIR first."""
+    env = dict(os.environ if base is None else base)
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir:
+        old = env.get("LD_LIBRARY_PATH")
+        env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + old if old else "")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # With no locale (C/POSIX) the embedded Python of the stubs decodes files as ASCII, and
+    # torch/modelopt imports read UTF-8 sources: give the stubs a UTF-8 locale (PYTHONUTF8 alone
+    # is not honoured by the embedded interpreter).
+    env["PYTHONUTF8"] = "1"
+    if "UTF-8" not in (env.get("LC_ALL") or env.get("LC_CTYPE") or env.get("LANG") or "").upper().replace("UTF8", "UTF-8"):
+        env["LC_ALL"] = "C.UTF-8"
+    return env
+
+
+# ------------------------------------------------------------------------------------------
+# log parsing: which model failed, and why
+
+_FAILED = re.compile(r"failed to load '([^']+)' version \d+: (.*)")
+_LOADING = re.compile(r"loading: ([^:\s]+):\d+")
+_LOADED = re.compile(r"successfully loaded '([^']+)'")
+_TABLE_ROW = re.compile(r"^\|\s*(\S+)\s*\|\s*(\S+)\s*\|\s*(UNAVAILABLE: .*?)\s*\|?\s*$")
+
+
+def _reason(raw: str) -> str:
+    """One readable line from a logged load error: the log escapes newlines and quotes, and a
+    python model's error ends with the stub's traceback ("At: ...")."""
+    text = raw.strip().rstrip('"').replace("\\n", "\n").replace('\\"', '"')
+    text = text.split("\n\nAt:")[0]
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def model_failures(log: str) -> dict[str, str]:
+    """{model: reason} for every model the server log says failed to load."""
+    out: dict[str, str] = {}
+    for line in log.splitlines():
+        m = _FAILED.search(line)
+        if m:
+            out.setdefault(m.group(1), _reason(m.group(2)))
+            continue
+        m = _TABLE_ROW.match(line.strip())
+        if m and m.group(1) != "Model":
+            out.setdefault(m.group(1), _reason(m.group(3)[len("UNAVAILABLE: "):]))
+    return out
+
+
+def models_still_loading(log: str) -> list[str]:
+    loading, done = [], set()
+    for line in log.splitlines():
+        if m := _LOADING.search(line):
+            loading.append(m.group(1))
+        elif m := _LOADED.search(line):
+            done.add(m.group(1))
+        elif m := _FAILED.search(line):
+            done.add(m.group(1))
+    return [m for m in dict.fromkeys(loading) if m not in done]
+
+
+def other_errors(log: str, limit: int = 8) -> list[str]:
+    """Server-level error lines (``E…`` glog lines and ``error:``), without the CPU-only noise."""
+    noise = ("CUDA", "NVML", "DCGM", "pinned", "CudaDriverHelper", "cuda")
+    lines = [ln.strip() for ln in log.splitlines()
+             if (ln.startswith("E") and re.match(r"E\d{4}", ln) or ln.startswith("error:"))
+             and not any(n in ln for n in noise)]
+    return lines[-limit:]
+
+
+# ------------------------------------------------------------------------------------------
+
+
+class TritonServer:
+    """A ``tritonserver`` process serving ``repository``; use as a context manager.
+
+    >>> with TritonServer("repo") as server:          # started and ready, or ServerError
+    ...     client = grpcclient.InferenceServerClient(server.endpoints.grpc)
+    """
+
+    def __init__(
+        self,
+        repository: str | os.PathLike,
+        *,
+        host: str = "127.0.0.1",
+        grpc_port: int = 0,
+        http_port: int = 0,
+        metrics_port: int = 0,
+        ready_timeout: float = 180.0,
+        exit_timeout: int = 10,
+        binary: str | os.PathLike | None = None,
+        workdir: str | os.PathLike | None = None,
+        log_verbose: int = 0,
+        extra_args: tuple[str, ...] = (),
+        watchdog=None,
+        entry_points: tuple[str, ...] = (),
+        on_watchdog_event=None,
+    ):
+        self.repository = pathlib.Path(repository).resolve()
+        if not self.repository.is_dir():
+            raise ServerError(f"model repository {self.repository} does not exist",
+                              fix="render one with: trtspec package CONFIG -o REPO")
+        self.host = host
+        self.ports = (grpc_port, http_port, metrics_port)
+        self.ready_timeout = ready_timeout
+        self.exit_timeout = exit_timeout
+        self.binary = pathlib.Path(binary) if binary else None
+        self.workdir_arg = pathlib.Path(workdir) if workdir else None
+        self.log_verbose = log_verbose
+        self.extra_args = tuple(extra_args)
+        self.proc: subprocess.Popen | None = None
+        self.endpoints: Endpoints | None = None
+        self.shm_prefix = f"trtspec{os.getpid()}x{id(self) & 0xFFFFFF:x}_"
+        self.workdir: pathlib.Path | None = None
+        self.log_path: pathlib.Path | None = None
+        self._log = None
+        self._own_workdir = False
+        self.returncode: int | None = None
+        self.watchdog_settings = watchdog  # WatchdogSettings | None
+        self.entry_points = tuple(entry_points)
+        self.on_watchdog_event = on_watchdog_event
+        self.watchdog = None  # the running Watchdog
+        self.python_env_dirs: list[pathlib.Path] = []
+        self._record: pathlib.Path | None = None
+
+    # ---------------------------------------------------------------- command
+
+    def command(self, backends: pathlib.Path | None) -> list[str]:
+        e = self.endpoints
+        cmd = [
+            str(self.binary),
+            f"--model-repository={self.repository}",
+            f"--http-address={e.host}", f"--http-port={e.http_port}",
+            f"--grpc-address={e.host}", f"--grpc-port={e.grpc_port}",
+            f"--metrics-address={e.host}", f"--metrics-port={e.metrics_port}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
+            f"--exit-timeout-secs={self.exit_timeout}",
+            "--disable-auto-complete-config",
+            f"--log-verbose={self.log_verbose}",
+        ]
+        if backends is not None:
+            cmd.append(f"--backend-directory={backends}")
+            dist = pytriton_dist()
+            if dist is not None and (dist / "caches").is_dir():
+                cmd.append(f"--cache-directory={dist / 'caches'}")
+        if self.watchdog_settings is not None:
+            # load/unload need explicit model control; "*" loads every model at start, as before
+            cmd += ["--model-control-mode=explicit", "--load-model=*",
+                    f"--model-repository={self.workdir / 'watchdog_repository'}"]
+        return cmd + list(self.extra_args)
+
+    def _write_watchdog_model(self) -> None:
+        from trtspec.triton.backend.watchdog_model import CONFIG, MODEL_PY, NAME
+
+        d = self.workdir / "watchdog_repository" / NAME
+        (d / "1").mkdir(parents=True, exist_ok=True)
+        (d / "config.pbtxt").write_text(CONFIG)
+        (d / "1" / "model.py").write_text(MODEL_PY)
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def start(self) -> "TritonServer":
+        if self.proc is not None:
+            raise ServerError("this TritonServer was already started")
+        if self.binary is None:
+            self.binary, bundled = find_tritonserver()
+        else:
+            dist = pytriton_dist()
+            bundled = dist is not None and self.binary.resolve().is_relative_to(dist.resolve())
+        binary = self.binary
+        if self.workdir_arg is not None:
+            self.workdir = self.workdir_arg
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        else:
+            self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="trtspec-triton-"))
+            self._own_workdir = True
+        backends = prepare_backends(self.workdir) if bundled else None
+        if self.watchdog_settings is not None:
+            self._write_watchdog_model()
+        sweep_leftovers()
+        g, h, m = self.ports
+        self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(self.host),
+                                   m or free_port(self.host))
+        self.log_path = self.workdir / "tritonserver.log"
+        self._log = open(self.log_path, "wb")
+        self.cmd = self.command(backends)
+        with _start_lock():
+            before = set(glob_python_envs())
+            try:
+                # own session/process group: the python stubs are killed with the server
+                self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
+                                             env=server_env(), start_new_session=True, cwd=self.workdir)
+            except OSError as e:
+                self._log.close()
+                raise ServerError(f"cannot start {binary}: {e}") from None
+            try:
+                self._find_python_env(before)
+            except BaseException:
+                self.stop()
+                raise
+        try:
+            self._wait_ready()
+            if self.watchdog_settings is not None:
+                from trtspec.triton.launch.watchdog import Watchdog
+
+                self.watchdog = Watchdog(self.endpoints.http, self.proc.pid, self.watchdog_settings,
+                                         entry_points=self.entry_points, on_event=self.on_watchdog_event).start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _find_python_env(self, before: set[pathlib.Path], timeout: float = 30.0) -> None:
+        """Which ``/tmp/python_env_*`` folder this server's python backend made (it appears when
+        the first python model loads, right at start). Called under the start lock, so another
+        trtspec server starting at the same time cannot make it ambiguous."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            new = sorted(set(glob_python_envs()) - before)
+            if new:
+                self.python_env_dirs = new
+                break
+            if self.proc.poll() is not None or self._ready():
+                break  # exited, or ready without python models
+            time.sleep(0.05)
+        self._write_record()
+
+    def _write_record(self) -> None:
+        d = _records_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        self._record = d / f"{self.proc.pid}.json"
+        self._record.write_text(json.dumps({
+            "server_pid": self.proc.pid, "argv0": self.cmd[0], "launcher_pid": os.getpid(),
+            "shm_prefix": self.shm_prefix,
+            "python_env_dirs": [str(p) for p in self.python_env_dirs], "workdir": str(self.workdir)}))
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_text(self) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        return self.log_path.read_text(errors="replace")
+
+    def log_tail(self, n: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-n:])
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoints.http}/v2/health/ready", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout
+        while time.monotonic() < deadline:
+            rc = self.proc.poll()
+            if rc is not None:
+                raise self._failure(f"tritonserver exited (code {rc}) before it was ready")
+            if self._ready():
+                return
+            time.sleep(0.25)
+        raise self._failure(f"tritonserver was not ready within {self.ready_timeout:.0f} s", timeout=True)
+
+    def _failure(self, headline: str, *, timeout: bool = False) -> ServerError:
+        log = self.log_text()
+        failed = model_failures(log)
+        lines = [headline]
+        fix = f"read the full log: {self.log_path}"
+        if failed:
+            lines.append("models that failed to load:")
+            lines += [f"  {name}: {_shorten(reason)}" for name, reason in failed.items()]
+        elif timeout and (stuck := models_still_loading(log)):
+            lines.append(f"still loading: {', '.join(stuck)} (a python backend stub that cannot start "
+                         "hangs here; check the stub, PATH and LD_LIBRARY_PATH)")
+            fix = "raise serving.ready_timeout_s if loading is just slow; " + fix
+        else:
+            errs = other_errors(log)
+            if errs:
+                lines.append("server errors:")
+                lines += [f"  {_shorten(e)}" for e in errs]
+            else:
+                lines.append("log tail:\n    " + self.log_tail(15).replace("\n", "\n    "))
+        return ServerError("\n".join(lines), fix=fix)
+
+    def stop(self) -> int | None:
+        """Graceful stop (SIGTERM, drain), then kill the process group; clean shared memory and the
+        python backend's temp folder."""
+        if self.proc is None:
+            return None
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGTERM)
+                self.proc.wait(self.exit_timeout + 10)
+            except subprocess.TimeoutExpired:
+                pass
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # stubs left behind, or a server that would not stop
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.returncode = self.proc.wait()
+        _wait_group_gone(self.proc.pid)
+        _clean(self.shm_prefix, self.python_env_dirs)
+        if self._record is not None:
+            self._record.unlink(missing_ok=True)
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+        if self._own_workdir and self.workdir is not None and self.returncode == 0:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+        return self.returncode
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def serve_forever(self, signals: "StopSignals | None" = None) -> None:
+        """Block until Ctrl-C, SIGTERM or SIGHUP (then return; the caller stops the server
+        gracefully).
+
+        Pass the :class:`StopSignals` the caller installed before :meth:`start` so that a signal
+        that arrives between readiness and this call is not lost (``trtspec serve``); without it
+        the handlers are installed here. A server that exits by itself meanwhile is an error, with
+        the reason from its log, and so is a watchdog that gave up (a reload that failed or timed
+        out, a crash loop). Signal handlers can only be installed from the main thread.
+        """
+        with contextlib.ExitStack() as stack:
+            if signals is None:
+                signals = stack.enter_context(StopSignals())
+            signals.serving = True
+            while not signals.stop.wait(0.5):
+                rc = self.proc.poll()
+                if rc is not None:
+                    raise self._failure(f"tritonserver exited by itself (code {rc})")
+                if self.watchdog is not None and self.watchdog.error is not None:
+                    raise self.watchdog.error
+
+
+class StopRequested(BaseException):
+    """SIGINT/SIGTERM/SIGHUP arrived before the server was serving (a BaseException, like
+    KeyboardInterrupt, so no ``except Exception`` on the way swallows it); :meth:`TritonServer.start`
+    stops what it started and re-raises it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class StopSignals:
+    """Handlers for SIGINT, SIGTERM and SIGHUP, installed on enter and restored on exit.
+
+    Until :attr:`serving` is set (by the caller once the server is ready, at the latest by
+    :meth:`TritonServer.serve_forever`), a signal raises :class:`StopRequested`: a stop during
+    start-up cleans up instead of leaving tritonserver orphaned in its own process group. From
+    then on it sets :attr:`stop`, which ``serve_forever`` waits on.
+    """
+
+    HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.serving = False
+        self._old: dict = {}
+
+    def _handle(self, signum, _frame) -> None:
+        self.stop.set()
+        if not self.serving:
+            raise StopRequested(signum)
+
+    def __enter__(self) -> "StopSignals":
+        self._old = {s: signal.signal(s, self._handle) for s in self.HANDLED}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def server_for_repository(
+    repository: str | os.PathLike,
+    *,
+    host: str | None = None,
+    grpc_port: int | None = None,
+    http_port: int | None = None,
+    metrics_port: int | None = None,
+    ready_timeout: float | None = None,
+    watchdog="default",
+    **kwargs,
+) -> TritonServer:
+    """A :class:`TritonServer` for a repository; unset options come from the recipe in the
+    repository's ``trtspec.json`` (``serving``), then from the defaults (127.0.0.1, free ports).
+    The watchdog is on unless ``watchdog=None``; by default it watches the stubs only and sends no
+    probe requests, which would mix into a validation's measurements (``trtspec run``);
+    ``trtspec serve`` turns probes on."""
+    from trtspec.triton.render import read_repository_manifest
+    from trtspec.triton.launch.watchdog import WatchdogSettings
+
+    manifest = read_repository_manifest(repository) or {}
+    serving = (manifest.get("recipe") or {}).get("serving") or {}
+    if watchdog == "default":
+        watchdog = WatchdogSettings(probe_every_s=None)
+    entries = manifest.get("entry_points") or {}
+    kwargs.setdefault("entry_points", tuple(v for v in (entries.get("speculative"), entries.get("baseline")) if v))
+
+    def pick(value, key, default):
+        return value if value is not None else serving.get(key, default)
+
+    return TritonServer(
+        repository,
+        host=pick(host, "host", "127.0.0.1"),
+        grpc_port=pick(grpc_port, "grpc_port", 0),
+        http_port=pick(http_port, "http_port", 0),
+        metrics_port=pick(metrics_port, "metrics_port", 0),
+        ready_timeout=pick(ready_timeout, "ready_timeout_s", 180.0),
+        watchdog=watchdog,
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# what abnormal exits leave behind
+
+
+def glob_python_envs() -> list[pathlib.Path]:
+    return [pathlib.Path(p) for p in sorted(glob.glob(PYTHON_ENV_GLOB))]
+
+
+def _records_dir() -> pathlib.Path:
+    return pathlib.Path(tempfile.gettempdir()) / "trtspec-triton-servers"
+
+
+@contextlib.contextmanager
+def _start_lock():
+    """Serializes the moment between starting a server and seeing its python_env folder."""
+    d = _records_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    with open(d / ".start.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _clean(shm_prefix: str, python_env_dirs) -> None:
+    for f in SHM_DIR.glob(shm_prefix + "*") if shm_prefix else []:
+        try:
+            f.unlink()
+        except OSError:
+            pass
+    for d in python_env_dirs:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def _group_running(pgid: int) -> list[int]:
+    """Processes of a group that still run (zombies excluded: orphaned stubs are reparented to
+    PID 1, which in a container may never reap them)."""
+    out = []
+    for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if len(fields) > 2 and int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _wait_group_gone(pgid: int, timeout: float = 15.0) -> None:
+    """After SIGKILL a big stub takes a moment to exit (seconds on a loaded machine, freeing its
+    memory): stop() returns when nothing of the server runs any more, so its shared memory is
+    removed after its last user."""
+    deadline = time.monotonic() + timeout
+    while _group_running(pgid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _runs(pid: int, argv0: str) -> bool:
+    """Whether process ``pid`` exists and runs ``argv0`` (not a recycled pid)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")[0].decode(errors="replace") == argv0
+    except OSError:
+        return False
+
+
+def sweep_leftovers() -> list[int]:
+    """Clean up after recorded servers that are gone but were never stopped by their launcher
+    (it was killed): their shared-memory files and python_env folder. Returns their pids.
+    A server still running is left alone, even if its launcher is gone."""
+    swept = []
+    d = _records_dir()
+    for rec in d.glob("*.json") if d.is_dir() else []:
+        try:
+            info = json.loads(rec.read_text())
+            pid = int(info["server_pid"])
+        except (OSError, ValueError, KeyError):
+            continue
+        if _runs(pid, info.get("argv0", "")):
+            continue
+        _clean(info.get("shm_prefix", ""), [pathlib.Path(p) for p in info.get("python_env_dirs", [])])
+        rec.unlink(missing_ok=True)
+        swept.append(pid)
+    return swept
+
+
+def _shorten(s: str, n: int = 600) -> str:
+    s = s.strip()
+    return s if len(s) <= n else s[: n - 3] + "..."

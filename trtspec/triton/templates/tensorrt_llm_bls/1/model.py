@@ -1,0 +1,9 @@
+"""tensorrt_llm_bls: draft-target rounds over two models. The logic lives in trtspec.triton.backend.bls."""
+
+import triton_python_backend_utils as pb_utils
+
+from trtspec.triton.backend.bls import DraftTargetBls
+
+
+class TritonPythonModel(DraftTargetBls):
+    pb = pb_utils
