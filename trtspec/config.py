@@ -11,7 +11,7 @@ Relative paths in a recipe are resolved against the recipe file's folder.
 from __future__ import annotations
 
 import pathlib
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
 from pydantic import (
@@ -30,24 +30,6 @@ KVCacheFormat = Literal["none", "fp8", "int8"]
 Runtime = Literal["torch", "trtllm-engine", "trtllm-pytorch"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 GpuArch = Literal["any", "ampere", "ada", "hopper", "blackwell"]
-
-METHODS = ("none", "draft_target", "eagle", "eagle3", "ngram", "medusa", "lookahead", "mtp")
-
-# Which runtime runs which method (reference/trtllm-triton.md §0.2, §1.3, §1.4).
-# The torch runtime is ours: it runs the methods a draft model, an EAGLE-3 head or the prompt
-# can propose for. Medusa and lookahead are TRT-engine only; EAGLE-1/2 is TRT-engine only;
-# EAGLE-3, NGram V2 and DraftTarget are PyTorch-flow in TRT-LLM; MTP needs MTP layers.
-METHOD_RUNTIMES: dict[str, tuple[str, ...]] = {
-    "none": ("torch", "trtllm-engine", "trtllm-pytorch"),
-    "draft_target": ("torch", "trtllm-engine", "trtllm-pytorch"),
-    "eagle": ("trtllm-engine",),
-    "eagle3": ("torch", "trtllm-pytorch"),
-    "ngram": ("torch", "trtllm-engine", "trtllm-pytorch"),
-    "medusa": ("trtllm-engine",),
-    "lookahead": ("trtllm-engine",),
-    "mtp": ("trtllm-pytorch",),
-}
-
 
 class Strict(BaseModel):
     """Base for every config node: unknown keys are errors, values are not coerced across types."""
@@ -87,18 +69,37 @@ class ModelSpec(Strict):
 
 # --------------------------------------------------------------------------------------------
 # speculation methods: one class per method, selected by the literal ``method``
+#
+# Each class owns its fields and its capabilities, as class variables:
+#   runtimes        which runtimes run it (reference/trtllm-triton.md §0.2, §1.3, §1.4). The torch
+#                   runtime is ours: it runs what a draft model, an EAGLE-3 head or the prompt can
+#                   propose. Medusa, lookahead and EAGLE-1/2 are TRT-engine only; EAGLE-3, NGram V2 and
+#                   DraftTarget are PyTorch-flow in TRT-LLM; MTP needs MTP layers.
+#   int8_draft      runtime.draft_weight_only can run its draft (model or head) on INT8 kernels
+#   compiles_draft  runtime.compile_draft can torch.compile its draft's one-token step
+#   proposer        "module:function" that makes its torch-runtime proposer (imported when used)
+# SPEC_METHODS (below the classes) is the one table everything reads: the recipe's checks, the
+# CLI's choices, the torch runtime and the renderer.
 
 
 class NoSpeculation(Strict):
     """Ordinary autoregressive decoding (the baseline)."""
 
     method: Literal["none"]
+    runtimes: ClassVar[tuple[str, ...]] = ("torch", "trtllm-engine", "trtllm-pytorch")
+    int8_draft: ClassVar[bool] = False
+    compiles_draft: ClassVar[bool] = False
+    proposer: ClassVar[str | None] = None
 
 
 class DraftTarget(Strict):
     """A separate, smaller draft model proposes ``max_draft_len`` tokens; the target verifies."""
 
     method: Literal["draft_target"]
+    runtimes: ClassVar[tuple[str, ...]] = ("torch", "trtllm-engine", "trtllm-pytorch")
+    int8_draft: ClassVar[bool] = True
+    compiles_draft: ClassVar[bool] = True
+    proposer: ClassVar[str | None] = "trtspec.speculative.runtime:draft_model_proposer"
     draft: ModelSpec
     max_draft_len: int = Field(4, ge=1, le=32)
     # TRT-LLM engine flow: compare draft logits (rejection sampling) instead of draft tokens.
@@ -109,6 +110,10 @@ class Eagle(Strict):
     """EAGLE-1/2 head (TRT-LLM engine flow only): a static choices tree or EAGLE-2 dynamic tree."""
 
     method: Literal["eagle"]
+    runtimes: ClassVar[tuple[str, ...]] = ("trtllm-engine",)
+    int8_draft: ClassVar[bool] = False
+    compiles_draft: ClassVar[bool] = False
+    proposer: ClassVar[str | None] = None
     head: ModelSpec
     max_draft_len: int = Field(63, ge=1, le=256)  # tree size; convert_checkpoint asserts <= 256
     num_eagle_layers: int = Field(4, ge=1, le=16)  # maximum depth of the choices tree
@@ -171,6 +176,10 @@ class Eagle3(Strict):
     one decoder layer, the target's LM head. Torch runtime and TRT-LLM PyTorch flow."""
 
     method: Literal["eagle3"]
+    runtimes: ClassVar[tuple[str, ...]] = ("torch", "trtllm-pytorch")
+    int8_draft: ClassVar[bool] = True
+    compiles_draft: ClassVar[bool] = False
+    proposer: ClassVar[str | None] = "trtspec.speculative.eagle3:eagle3_proposer"
     head: ModelSpec
     max_draft_len: int = Field(4, ge=1, le=32)
     use_dynamic_tree: bool = False
@@ -199,6 +208,10 @@ class NGram(Strict):
     """Prompt lookup: match the last n tokens against the prompt and generated text."""
 
     method: Literal["ngram"]
+    runtimes: ClassVar[tuple[str, ...]] = ("torch", "trtllm-engine", "trtllm-pytorch")
+    int8_draft: ClassVar[bool] = False
+    compiles_draft: ClassVar[bool] = False
+    proposer: ClassVar[str | None] = "trtspec.speculative.runtime:ngram_proposer"
     max_draft_len: int = Field(4, ge=1, le=32)
     max_matching_ngram_size: int = Field(3, ge=1, le=16)
     min_matching_ngram_size: int = Field(1, ge=1, le=16)
@@ -217,6 +230,10 @@ class Medusa(Strict):
     """Medusa heads (TRT-LLM engine flow only; greedy only)."""
 
     method: Literal["medusa"]
+    runtimes: ClassVar[tuple[str, ...]] = ("trtllm-engine",)
+    int8_draft: ClassVar[bool] = False
+    compiles_draft: ClassVar[bool] = False
+    proposer: ClassVar[str | None] = None
     head: ModelSpec
     num_medusa_heads: int = Field(4, ge=1, le=16)
     max_draft_len: int = Field(63, ge=1, le=256)
@@ -247,6 +264,10 @@ class Lookahead(Strict):
     """Lookahead decoding (Jacobi + n-gram pool; TRT-LLM engine flow only)."""
 
     method: Literal["lookahead"]
+    runtimes: ClassVar[tuple[str, ...]] = ("trtllm-engine",)
+    int8_draft: ClassVar[bool] = False
+    compiles_draft: ClassVar[bool] = False
+    proposer: ClassVar[str | None] = None
     window_size: int = Field(4, ge=1, le=64)  # W
     ngram_size: int = Field(3, ge=1, le=64)  # N
     verification_set_size: int = Field(4, ge=1, le=64)  # G
@@ -274,6 +295,10 @@ class MTP(Strict):
     """Multi-token prediction layers of the target itself (DeepSeek-style; TRT-LLM PyTorch flow)."""
 
     method: Literal["mtp"]
+    runtimes: ClassVar[tuple[str, ...]] = ("trtllm-pytorch",)
+    int8_draft: ClassVar[bool] = False
+    compiles_draft: ClassVar[bool] = False
+    proposer: ClassVar[str | None] = None
     max_draft_len: int = Field(1, ge=1, le=8)  # = num_nextn_predict_layers
     use_relaxed_acceptance_for_thinking: bool = False
 
@@ -282,6 +307,33 @@ Speculation = Annotated[
     Union[NoSpeculation, DraftTarget, Eagle, Eagle3, NGram, Medusa, Lookahead, MTP],
     Field(discriminator="method"),
 ]
+
+# speculation.method → its class: the one registry of methods
+SPEC_METHODS: dict[str, type[Strict]] = {
+    cls.model_fields["method"].annotation.__args__[0]: cls
+    for cls in (NoSpeculation, DraftTarget, Eagle, Eagle3, NGram, Medusa, Lookahead, MTP)
+}
+METHODS = tuple(SPEC_METHODS)
+METHOD_RUNTIMES: dict[str, tuple[str, ...]] = {name: cls.runtimes for name, cls in SPEC_METHODS.items()}
+TORCH_METHODS = tuple(name for name, cls in SPEC_METHODS.items() if "torch" in cls.runtimes)
+WEIGHT_ONLY_METHODS = tuple(name for name, cls in SPEC_METHODS.items() if cls.int8_draft)
+COMPILE_METHODS = tuple(name for name, cls in SPEC_METHODS.items() if cls.compiles_draft)
+
+
+def draft_option_problem(method: str, backend: str, draft_weight_only: str,
+                         compile_draft: bool) -> tuple[str, Any, str] | None:
+    """(field, value, why) when a draft-only runtime option does not apply to this method and
+    runtime; None when it does. The recipe, RuntimeSpec and the CLI all ask this one function."""
+    cls = SPEC_METHODS[method]
+    if draft_weight_only != "none" and (not cls.int8_draft or backend != "torch"):
+        return ("runtime.draft_weight_only", draft_weight_only,
+                f"applies to a draft model or an EAGLE-3 head in the torch runtime (speculation.method "
+                f"{' or '.join(WEIGHT_ONLY_METHODS)}, runtime.backend torch), not to method '{method}' on '{backend}'")
+    if compile_draft and (not cls.compiles_draft or backend != "torch"):
+        return ("runtime.compile_draft", True,
+                f"compiles a draft model's decode step in the torch runtime (speculation.method "
+                f"{' or '.join(COMPILE_METHODS)}, runtime.backend torch), not method '{method}' on '{backend}'")
+    return None
 
 
 # --------------------------------------------------------------------------------------------
@@ -335,10 +387,6 @@ class TrtllmOptions(Strict):
                 "draft and target share the GPU: lower one of them"
             )
         return self
-
-
-# speculation methods whose draft runtime.draft_weight_only can run in INT8 (torch runtime)
-WEIGHT_ONLY_METHODS = ("draft_target", "eagle3")
 
 
 class RuntimeConfig(Strict):
@@ -463,7 +511,7 @@ class Recipe(Strict):
     @model_validator(mode="after")
     def _cross(self) -> "Recipe":
         method, backend = self.speculation.method, self.runtime.backend
-        allowed = METHOD_RUNTIMES[method]
+        allowed = SPEC_METHODS[method].runtimes
         if backend not in allowed:
             raise _FieldProblem(
                 "runtime.backend",
@@ -490,21 +538,12 @@ class Recipe(Strict):
                 self.limits.pipeline_parallel_size,
                 "EAGLE does not support pipeline parallelism; use tensor parallelism instead",
             )
-        if self.runtime.draft_weight_only != "none" and (method not in WEIGHT_ONLY_METHODS or backend != "torch"):
-            raise _FieldProblem(
-                "runtime.draft_weight_only",
-                self.runtime.draft_weight_only,
-                f"applies to a draft model or an EAGLE-3 head in the torch runtime (speculation.method "
-                f"draft_target or eagle3, runtime.backend torch), not to method '{method}' on '{backend}'; set it "
-                "to none, or quantize the draft with speculation.draft.quantization for TRT-LLM",
-            )
-        if self.runtime.compile_draft and (method != "draft_target" or backend != "torch"):
-            raise _FieldProblem(
-                "runtime.compile_draft",
-                True,
-                f"compiles a draft model's decode step in the torch runtime (speculation.method draft_target, "
-                f"runtime.backend torch), not method '{method}' on '{backend}'; set it to false",
-            )
+        problem = draft_option_problem(method, backend, self.runtime.draft_weight_only, self.runtime.compile_draft)
+        if problem is not None:
+            field, value, why = problem
+            fix = ("set it to none, or quantize the draft with speculation.draft.quantization for TRT-LLM"
+                   if field == "runtime.draft_weight_only" else "set it to false")
+            raise _FieldProblem(field, value, f"{why}; {fix}")
         if backend == "torch" and self.limits.world_size > 1:
             raise _FieldProblem(
                 "limits.tensor_parallel_size",

@@ -7,6 +7,8 @@ import shutil
 import sys
 from dataclasses import asdict, dataclass
 from importlib import metadata
+from trtspec.versions import engine_flow_supported, installed_trtllm_version
+from trtspec.triton.launch.paths import bundled_tritonserver
 
 # nvidia-pytriton bundles one tritonserver build; the wheel carries no version file.
 PYTRITON_TRITON = {"0.7.0": "2.51.0", "0.5.7": "2.45.0"}
@@ -55,7 +57,6 @@ def collect() -> list[Row]:
             status = "warn"
         rows.append(Row(dist, status, f"{v or 'not installed'} — {why}"))
 
-    from trtspec.versions import engine_flow_supported, installed_trtllm_version
 
     trt = installed_trtllm_version()
     if trt:
@@ -69,7 +70,6 @@ def collect() -> list[Row]:
     if on_path:
         rows.append(Row("tritonserver", "ok", f"on PATH: {on_path}"))
     if pv:
-        from trtspec.triton.launch.paths import bundled_tritonserver
 
         binary = bundled_tritonserver()
         rows.append(Row("tritonserver (bundled)", "ok" if binary else "missing",

@@ -23,6 +23,17 @@ from typing import Any, Callable
 from trtspec.config import Recipe, recipe_to_dict
 from trtspec.errors import PreflightError, StageError, TrtspecError
 from trtspec.manifest import atomic_dir, hash_json, maybe_manifest, write_manifest
+from trtspec.preflight import run_checks
+from trtspec.quantize.stage import quantize_model
+from trtspec.prompts import load_prompts
+from trtspec.speculative.runtime import RuntimeSpec, build_engine
+from trtspec.speculative.tune import tune
+from trtspec.triton.render import package
+from trtspec.triton.launch.server import server_for_repository
+from trtspec.validate.report import write_validation_report
+from trtspec.validate.run import run_validation
+from trtspec.report import write_run_report
+from trtspec.trtllm.build import build
 
 STAGES = ("check", "quantize", "build", "package", "serve", "validate", "report")
 STAGE_KIND = "pipeline-stage"
@@ -168,7 +179,6 @@ class Pipeline:
     # ------------------------------------------------------------------ stages
 
     def _stage_check(self) -> dict:
-        from trtspec.preflight import run_checks
 
         report = run_checks(self.recipe, self.source)
         (self.workdir / "check.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -184,7 +194,6 @@ class Pipeline:
         if self.recipe.runtime.backend != "torch":
             # TRT-LLM flows quantize inside their build plan (TRT-LLM's quantize.py / ModelOpt HF export)
             return {"_skipped": True, "note": "quantization runs inside the TRT-LLM build plan"}
-        from trtspec.quantize.stage import quantize_model
 
         outputs: dict[str, Any] = {}
         pair = {"target": self.recipe.draft_spec, "draft": self.recipe.target}
@@ -216,16 +225,12 @@ class Pipeline:
     def _stage_build(self) -> dict:
         backend = self.recipe.runtime.backend
         if backend != "torch":
-            from trtspec.trtllm.build import build
 
             res = build(self.recipe, self.stage_dir("build") / "trtllm")
             return {"trtllm_manifest": res.manifest, "ran": len(res.ran), "cached": len(res.cached)}
         if self.recipe.speculation.method == "none":
             return {"_skipped": True, "note": "ordinary decoding: nothing to tune"}
         # torch runtime: nothing to compile; measure what the draft length should be
-        from trtspec.prompts import load_prompts
-        from trtspec.speculative.runtime import RuntimeSpec, build_engine
-        from trtspec.speculative.tune import tune
 
         target, draft = self._model_dirs()
         spec = RuntimeSpec.from_recipe(self.recipe, target=target, draft=draft)
@@ -251,7 +256,6 @@ class Pipeline:
                 "cost_ratio": round(res.cost_ratio, 4)}
 
     def _stage_package(self) -> dict:
-        from trtspec.triton.render import package
 
         target, draft = self._model_dirs()
         build_dir = None
@@ -268,9 +272,6 @@ class Pipeline:
                 f"runtime '{self.recipe.runtime.backend}' serves with TensorRT-LLM, which is not installed here",
                 fix="run `trtspec run CONFIG --until package` here, then serve and validate inside NVIDIA's "
                     "Triton TRT-LLM container (docs/trtllm.md)")
-        from trtspec.triton.launch.server import server_for_repository
-        from trtspec.validate.report import write_validation_report
-        from trtspec.validate.run import run_validation
 
         repo = self.outputs["package"]["repository"]
         out = self.stage_dir("validate")
@@ -318,7 +319,6 @@ class Pipeline:
             ) from cause
 
     def _stage_report(self) -> dict:
-        from trtspec.report import write_run_report
 
         out = self.stage_dir("report")
         with atomic_dir(out) as tmp:

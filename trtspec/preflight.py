@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from trtspec.config import Eagle, Eagle3, Medusa, Recipe
+from trtspec.versions import engine_flow_supported
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
@@ -230,7 +231,6 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
 
     # versions of the engine flow
     if recipe.runtime.backend == "trtllm-engine":
-        from trtspec.versions import engine_flow_supported
 
         ok, why = engine_flow_supported(recipe.runtime.trtllm.version)
         report.add("trtllm_version", "ok" if ok else "fail", why,

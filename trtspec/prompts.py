@@ -8,13 +8,13 @@ import pathlib
 from importlib import resources
 
 from trtspec.errors import ConfigError
+from trtspec.corpus import corpus_split
 
 BUILTIN = ("code", "chat", "mixed", "stdlib")
 
 
 def stdlib_snippets(n: int, *, min_chars: int = 40, max_chars: int = 400) -> list[str]:
     """Deterministic code prefixes from the *held-out* stdlib files (never trained on)."""
-    from trtspec.corpus import corpus_split
 
     _, held = corpus_split()
     out: list[str] = []

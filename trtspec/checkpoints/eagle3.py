@@ -34,6 +34,11 @@ from trtspec.errors import ModelError
 from trtspec.manifest import atomic_dir, hash_folder, hash_json, maybe_manifest, write_manifest
 from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig, default_aux_layers, load_eagle3_head, save_head
 from trtspec.speculative.model import CausalLM, count_params, load_causal_lm, read_hf_config
+from trtspec.checkpoints.tiny import encode_corpus
+from trtspec.corpus import corpus_split
+from trtspec.speculative.eagle3 import Eagle3Proposer
+from trtspec.speculative.engine import Engine
+from trtspec.speculative.sampling import SamplingParams
 
 TRAINERS = ("native", "modelopt")
 Progress = Callable[[str, int, int, dict], None]  # (phase, step, total, metrics)
@@ -96,8 +101,6 @@ def corpus_ids(target_dir: pathlib.Path, heldout_every: int) -> tuple[torch.Tens
 def _corpus_ids(target_dir: str, heldout_every: int, _tokenizer_stamp: int) -> tuple[torch.Tensor, torch.Tensor]:
     from transformers import AutoTokenizer
 
-    from trtspec.checkpoints.tiny import encode_corpus
-    from trtspec.corpus import corpus_split
 
     tok = AutoTokenizer.from_pretrained(target_dir)
     train, held = corpus_split(heldout_every)
@@ -264,9 +267,6 @@ def eval_prompts(held_ids: torch.Tensor, n: int) -> list[list[int]]:
 def measure_acceptance(target: CausalLM, head: Eagle3Head, prompts: list[list[int]], *, max_new_tokens: int,
                        max_draft_len: int) -> dict:
     """Greedy generation with the head through the engine; acceptance over all prompts."""
-    from trtspec.speculative.eagle3 import Eagle3Proposer
-    from trtspec.speculative.engine import Engine
-    from trtspec.speculative.sampling import SamplingParams
 
     max_seq = max(len(p) for p in prompts) + max_new_tokens + 8
     prop = Eagle3Proposer(head, 8, max_seq + max_draft_len + 2)

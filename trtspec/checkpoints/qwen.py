@@ -31,6 +31,7 @@ from typing import Callable
 
 from trtspec.errors import CommandError, ModelError
 from trtspec.manifest import atomic_dir, hash_json, maybe_manifest, write_manifest
+from trtspec.speculative.model import ModelArgs, read_hf_config
 
 DTYPES = ("bfloat16", "float32")
 # Bump when the conversion itself changes in a way that changes the output folder.
@@ -248,7 +249,6 @@ def settings_key(src: GgufSource, dtype: str) -> str:
 
 def _check_runtime_supports(folder: pathlib.Path) -> None:
     """Fail the import (not a later stage) if our torch runtime cannot read the result."""
-    from trtspec.speculative.model import ModelArgs, read_hf_config
 
     ModelArgs.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"))
 

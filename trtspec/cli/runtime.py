@@ -7,7 +7,7 @@ import json
 import click
 from rich.table import Table
 
-from trtspec.config import WEIGHT_ONLY_METHODS
+from trtspec.config import TORCH_METHODS, draft_option_problem
 from trtspec.prompts import load_prompts
 from trtspec.speculative.runtime import RuntimeSpec
 from trtspec.speculative.runtime import build_engine
@@ -21,7 +21,7 @@ def _runtime_options(fn):
     opts = [
         click.option("--target", required=True, type=click.Path(file_okay=False), help="Target HF checkpoint folder."),
         click.option("--draft", type=click.Path(file_okay=False), help="Draft model folder (draft-target)."),
-        click.option("--method", type=click.Choice(["none", "draft_target", "ngram", "eagle3"]), default=None,
+        click.option("--method", type=click.Choice(TORCH_METHODS), default=None,
                      help="Proposer; default: draft_target with --draft, else none (plain decoding)."),
         click.option("--head", type=click.Path(file_okay=False), help="EAGLE-3 head folder (--method eagle3)."),
         click.option("--max-draft-len", default=4, show_default=True, type=click.IntRange(1, 32)),
@@ -55,11 +55,10 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
         raise click.UsageError("--method eagle3 needs --head DIR")
     if draft and method not in ("draft_target",):
         raise click.UsageError(f"--draft is only used with --method draft_target (got --method {method})")
-    if draft_weight_only != "none" and method not in WEIGHT_ONLY_METHODS:
-        raise click.UsageError(f"--draft-weight-only {draft_weight_only} needs a draft model (--draft DIR) or an "
-                               f"EAGLE-3 head (--method eagle3 --head DIR); got --method {method}")
-    if compile_draft and method != "draft_target":
-        raise click.UsageError(f"--compile-draft needs a draft model (--draft DIR); got --method {method}")
+    problem = draft_option_problem(method, "torch", draft_weight_only, compile_draft)
+    if problem is not None:
+        flag = "--" + problem[0].removeprefix("runtime.").replace("_", "-")
+        raise click.UsageError(f"{flag}: {problem[2]}")
     return RuntimeSpec(
         draft_weight_only=draft_weight_only, compile_draft=compile_draft,
         target=target, method=method, draft=draft or head, max_draft_len=max_draft_len,

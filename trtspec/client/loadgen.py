@@ -31,6 +31,7 @@ from trtspec.client.errors import ServerBusy, ServerRequestError, ServerUnavaila
 from trtspec.client.metrics import RequestRecord, Window, bucket_speedups, by_bucket, span, speedups, summarize
 from trtspec.client.types import Sampling
 from trtspec.errors import ConfigError
+from trtspec.client.errors import InferenceFailed
 
 Progress = Callable[[int, int | None, str], None]  # (done, total or None, label)
 
@@ -407,7 +408,6 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
             for role in roles:
                 if not any(r.ok for r in lv.records(role)):
                     first = next((r.error for r in lv.records(role) if r.error), "no output")
-                    from trtspec.client.errors import InferenceFailed
 
                     raise InferenceFailed(f"every request failed at concurrency {c}: {first}", url=",".join(urls),
                                           model=settings.roles[role], fix="see the tritonserver log")

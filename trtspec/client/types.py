@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from trtspec.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -22,7 +23,6 @@ class Sampling:
     return_perf_metrics: bool = True
 
     def __post_init__(self):
-        from trtspec.errors import ConfigError
 
         if self.max_tokens < 1:
             raise ConfigError("max_tokens", self.max_tokens, "must be >= 1")

@@ -43,6 +43,9 @@ from trtspec.errors import ConfigError, StageError
 from trtspec.manifest import atomic_dir, write_manifest
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import Layout, layout_for
+from trtspec.config import parse_recipe, recipe_to_dict
+from trtspec.triton.render import RenderError, package
+from trtspec.trtllm.handoff import TrtllmBuild
 
 KIND = "k8s-deployment"
 TRACKS = ("speculative", "baseline")
@@ -432,9 +435,6 @@ def write_k8s(
     overwrite: bool = False,
 ) -> K8sDeployment:
     """``trtspec deploy k8s``: both repositories and the manifests, into the fresh folder ``out``."""
-    from trtspec.config import parse_recipe, recipe_to_dict
-    from trtspec.triton.render import RenderError, package
-    from trtspec.trtllm.handoff import TrtllmBuild
 
     opts.check()
     out = pathlib.Path(out).resolve()

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import torch
 
 from trtspec.errors import ConfigError
+from trtspec.prompts import parse_text_jsonl
+from trtspec.corpus import corpus_split
 
 FIELD = "quantization.calibration.dataset"
 
@@ -69,7 +71,6 @@ def read_text_file(path: pathlib.Path, *, field: str = FIELD) -> list[str]:
                           fix='add text: one JSON object per line ({"text": "..."}) or plain text')
     if path.suffix != ".jsonl":
         return [raw]
-    from trtspec.prompts import parse_text_jsonl
 
     return parse_text_jsonl(raw, str(path), what="calibration texts")
 
@@ -77,7 +78,6 @@ def read_text_file(path: pathlib.Path, *, field: str = FIELD) -> list[str]:
 def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int) -> TextWindows:
     """``size`` windows of ``seq_len`` tokens from ``dataset`` ('builtin' or a file path)."""
     if dataset == "builtin":
-        from trtspec.corpus import corpus_split
 
         train, _held = corpus_split()
         ids = _windows(_spread(train, size), tokenizer, size, seq_len)
@@ -96,7 +96,6 @@ def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int) -> Tex
 
 def heldout_windows(tokenizer, n: int, seq_len: int) -> TextWindows:
     """Evaluation windows from the held-out stdlib files (disjoint from calibration)."""
-    from trtspec.corpus import corpus_split
 
     _train, held = corpus_split()
     ids = _windows(_spread(held, n), tokenizer, n, seq_len)

@@ -29,12 +29,19 @@ import torch.nn.functional as F
 
 from trtspec.errors import ModelError
 from trtspec.speculative.model import CausalLM
+from trtspec.speculative.eagle3 import load_eagle3_head
+from trtspec.quantize.runtime import fold_weights, prepare_modelopt, quiet
+from trtspec.manifest import read_manifest
+from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig
+from trtspec.speculative.model import read_hf_config
+from trtspec.speculative.eagle3 import Eagle3Proposer
+from trtspec.speculative.engine import Engine
+from trtspec.speculative.sampling import SamplingParams
 
 STATE_FILE = "modelopt_state.pth"
 
 
 def load_head(head_dir: pathlib.Path, target: CausalLM, dtype: torch.dtype, device: torch.device):
-    from trtspec.speculative.eagle3 import load_eagle3_head
 
     return load_eagle3_head(head_dir, target, dtype=dtype, device=device)
 
@@ -107,7 +114,6 @@ def head_from_quantized(qhead, target: CausalLM, head_dir: pathlib.Path):
     """A fresh head with ``qhead``'s quantizers and weights, weights folded (as loaded from disk)."""
     import modelopt.torch.opt as mto
 
-    from trtspec.quantize.runtime import fold_weights, prepare_modelopt, quiet
 
     prepare_modelopt()
     w = qhead.fc.weight
@@ -124,10 +130,6 @@ def load_quantized_head(folder: str | os.PathLike, target: CausalLM, *, dtype: t
     """Load a ``trtspec quantize --export torch`` EAGLE-3 head for ``target`` (fake-quant)."""
     import modelopt.torch.opt as mto
 
-    from trtspec.manifest import read_manifest
-    from trtspec.quantize.runtime import fold_weights, prepare_modelopt, quiet
-    from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig
-    from trtspec.speculative.model import read_hf_config
 
     folder = pathlib.Path(folder)
     m = read_manifest(folder, "quantized")
@@ -175,9 +177,6 @@ def compare_head_logits(target: CausalLM, base, quant, windows: torch.Tensor, *,
 
 def head_acceptance(target: CausalLM, base, quant, prompts: list[list[int]], s) -> dict:
     """EAGLE-3 acceptance against the (unquantized) target before/after quantizing the head."""
-    from trtspec.speculative.eagle3 import Eagle3Proposer
-    from trtspec.speculative.engine import Engine
-    from trtspec.speculative.sampling import SamplingParams
 
     out: dict = {"quantized": "eagle3_head"}
     max_seq_len = max(len(p) for p in prompts) + s.max_new_tokens + 1

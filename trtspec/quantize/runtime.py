@@ -29,6 +29,8 @@ import torch.nn.functional as F
 
 from trtspec.errors import ModelError
 from trtspec.speculative.model import Attention, CausalLM, ModelArgs, read_hf_config, rotate_half
+from trtspec.manifest import read_manifest
+from trtspec.quantize import nvfp4_cpu
 
 STATE_FILE = "modelopt_state.pth"
 
@@ -117,7 +119,6 @@ def prepare_modelopt() -> None:
         import modelopt.torch.quantization as mtq
         from modelopt.torch.quantization.nn import QuantModuleRegistry
 
-        from trtspec.quantize import nvfp4_cpu
 
         if Attention not in QuantModuleRegistry:
             mtq.register(original_cls=Attention, quantized_cls=_quant_attention_cls())
@@ -186,7 +187,6 @@ def load_quantized(
     """Load a ``trtspec quantize --export torch`` folder as a fake-quantized CausalLM."""
     import modelopt.torch.opt as mto
 
-    from trtspec.manifest import read_manifest
 
     folder = pathlib.Path(folder)
     if not folder.is_dir():

@@ -43,8 +43,10 @@ from trtspec.errors import ModelError
 from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step,
                                        quantize_layer_weight_only_, rotate_half, step_inputs)
 from trtspec.speculative.loaders import loader_for
-from trtspec.speculative.proposers import Proposal, register
+from trtspec.speculative.proposers import Proposal
 from trtspec.speculative.sampling import logits_to_probs, sample
+from trtspec.manifest import maybe_manifest
+from trtspec.speculative.model import read_hf_config
 
 ARCHITECTURE = "LlamaForCausalLMEagle3"
 FEATURE_NORMS = ("standard", "modelopt")
@@ -359,8 +361,6 @@ def load_eagle3_head(
     """Load a head folder for ``target``; checks that the head was made for this target."""
     from safetensors.torch import load_file
 
-    from trtspec.manifest import maybe_manifest
-    from trtspec.speculative.model import read_hf_config
 
     folder = pathlib.Path(folder)
     if not folder.is_dir():
@@ -511,8 +511,7 @@ class Eagle3Proposer:
         self.pending[slot] = None
 
 
-@register("eagle3")
-def _eagle3(spec, target: CausalLM, dtype, device) -> Eagle3Proposer:
+def eagle3_proposer(spec, target: CausalLM, dtype, device) -> Eagle3Proposer:
     if not spec.draft:
         raise ModelError("eagle3 needs an EAGLE-3 head folder", fix="set speculation.head.model (or --head DIR)")
     head = load_eagle3_head(spec.draft, target, dtype=dtype, device=device)

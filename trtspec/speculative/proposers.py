@@ -8,7 +8,7 @@ prefix. The engine never looks inside.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -226,15 +226,3 @@ class NgramProposer:
 
     def release(self, slot):
         pass
-
-
-# name → factory(target, settings) ; filled by trtspec.speculative.runtime
-REGISTRY: dict[str, Callable[..., Proposer]] = {}
-
-
-def register(name: str):
-    def deco(factory):
-        REGISTRY[name] = factory
-        return factory
-
-    return deco

@@ -13,12 +13,16 @@ from dataclasses import asdict, dataclass, field, replace
 
 import torch
 
-from trtspec.config import WEIGHT_ONLY_METHODS
+import importlib
+
+from trtspec.config import SPEC_METHODS, TORCH_METHODS, draft_option_problem
 from trtspec.errors import ModelError, TrtspecError
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.loaders import loader_for
 from trtspec.speculative.model import CausalLM, load_causal_lm, read_hf_config
-from trtspec.speculative.proposers import REGISTRY, DraftModelProposer, NgramProposer, Proposer, register
+from trtspec.speculative.proposers import DraftModelProposer, NgramProposer, Proposer
+from trtspec.manifest import maybe_manifest
+from trtspec.speculative.faults import FAULTS
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -57,19 +61,15 @@ class RuntimeSpec:
         return cls(**json.loads(text))
 
     def __post_init__(self):
-        if self.compile_draft and self.method != "draft_target":
-            raise TrtspecError(
-                f"compile_draft applies to a draft model (method draft_target), not to method {self.method!r}",
-                fix="drop it, or use --draft DIR",
-            )
+        if self.method not in TORCH_METHODS:
+            raise TrtspecError(f"method: the torch runtime does not run {self.method!r}",
+                               fix=f"use one of: {', '.join(TORCH_METHODS)}")
         if self.draft_weight_only not in ("none", "int8"):
             raise TrtspecError(f"draft_weight_only: unknown value {self.draft_weight_only!r}", fix="use none or int8")
-        if self.draft_weight_only != "none" and self.method not in WEIGHT_ONLY_METHODS:
-            raise TrtspecError(
-                f"draft_weight_only={self.draft_weight_only} applies to a draft model or an EAGLE-3 head "
-                f"(method draft_target or eagle3), not to method {self.method!r}",
-                fix="drop it, or use --draft DIR or --method eagle3 --head DIR",
-            )
+        problem = draft_option_problem(self.method, "torch", self.draft_weight_only, self.compile_draft)
+        if problem is not None:
+            raise TrtspecError(f"{problem[0]}: {problem[2]}",
+                               fix="drop it, or give a draft model (--draft DIR) or an EAGLE-3 head (--method eagle3 --head DIR)")
 
     @classmethod
     def from_recipe(cls, recipe, *, target: str | None = None, draft: str | None = None) -> "RuntimeSpec":
@@ -107,7 +107,6 @@ def resolve_device(device: str) -> torch.device:
 def load_model(folder: str, dtype: torch.dtype, device: torch.device, weight_only: str = "none") -> CausalLM:
     """Load a model folder; a trtspec quantized export restores its ModelOpt state (fake-quant).
     ``weight_only="int8"`` runs the linear layers with INT8 weights (drafts only: see RuntimeSpec)."""
-    from trtspec.manifest import maybe_manifest
 
     m = maybe_manifest(folder) or {}
     load_quantized = loader_for(m.get("kind"), "causal_lm")
@@ -123,8 +122,7 @@ def load_model(folder: str, dtype: torch.dtype, device: torch.device, weight_onl
     return model.quantize_weight_only_() if weight_only == "int8" else model.fuse_()
 
 
-@register("draft_target")
-def _draft_target(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Proposer:
+def draft_model_proposer(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Proposer:
     if not spec.draft:
         raise ModelError("draft_target needs a draft model folder", fix="set speculation.draft.model")
     # draft tokens are compared as ids, so a padded embedding (vocab_size differs, ids agree) is fine
@@ -133,8 +131,7 @@ def _draft_target(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Propose
                               compile=spec.compile_draft)
 
 
-@register("ngram")
-def _ngram(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Proposer:
+def ngram_proposer(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Proposer:
     return NgramProposer(spec.max_matching_ngram_size, spec.min_matching_ngram_size, device=device)
 
 
@@ -148,20 +145,12 @@ def build_engine(spec: RuntimeSpec) -> Engine:
     target = load_model(spec.target, dtype, device)
     proposer = None
     if spec.method != "none":
-        if spec.method == "eagle3":
-            import trtspec.speculative.eagle3  # noqa: F401  (registers the EAGLE-3 proposer)
-        factory = REGISTRY.get(spec.method)
-        if factory is None:
-            raise ModelError(
-                f"the torch runtime has no proposer for method '{spec.method}'",
-                fix=f"use one of: none, {', '.join(sorted(REGISTRY))}",
-            )
-        proposer = factory(spec, target, dtype, device)
+        module, func = SPEC_METHODS[spec.method].proposer.split(":")  # the method's proposer factory
+        proposer = getattr(importlib.import_module(module), func)(spec, target, dtype, device)
     eos = _eos_id(spec.target)
     verifiers = {}
     fault = spec.extra.get("fault_injection")
     if fault:
-        from trtspec.speculative.faults import FAULTS
 
         if fault not in FAULTS:
             raise TrtspecError(f"extra.fault_injection: unknown fault {fault!r}", fix=f"one of {sorted(FAULTS)}")

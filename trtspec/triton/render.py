@@ -39,6 +39,10 @@ from trtspec.errors import StageError
 from trtspec.manifest import MANIFEST, atomic_dir, write_manifest
 from trtspec.resources import templates_dir
 from trtspec.triton.placement import placement_parameters
+from trtspec.manifest import maybe_manifest
+from trtspec.trtllm.build import plan_build
+from trtspec.trtllm.handoff import KIND, TrtllmBuild
+from trtspec.config import recipe_to_dict
 
 TEMPLATES = templates_dir()
 RUNTIME_SPEC_FILE = "runtime_spec.json"
@@ -160,9 +164,6 @@ def trtllm_build_for(recipe, build_dir: str | os.PathLike):
     the hand-off the build *will* write there (its plan, which reads only the recipe and the
     target's config.json), so a repository can be packaged before, or apart from, the build.
     """
-    from trtspec.manifest import maybe_manifest
-    from trtspec.trtllm.build import plan_build
-    from trtspec.trtllm.handoff import KIND, TrtllmBuild
 
     m = maybe_manifest(build_dir)
     if m is not None and m.get("kind") == KIND:
@@ -188,12 +189,11 @@ def inputs_from_recipe(
     exports). TRT-LLM runtimes: ``trtllm`` (a ``TrtllmBuild``), else the build hand-off in
     ``build_dir`` (:func:`trtllm_build_for`), gives engines, decoding settings, LLM-API options.
     """
-    from trtspec.config import recipe_to_dict
 
     runtime = recipe.runtime.backend
     spec = None
     if runtime == "torch":
-        from trtspec.speculative.runtime import RuntimeSpec
+        from trtspec.speculative.runtime import RuntimeSpec  # lazy: trtspec.speculative.runtime needs torch; this module stays importable without it
 
         spec = RuntimeSpec.from_recipe(recipe, target=target, draft=draft)
         tokenizer = recipe.target.tokenizer or target or recipe.target.model

@@ -19,6 +19,8 @@ import pathlib
 import sys
 
 from trtspec.errors import ConfigError
+from trtspec.prompts import parse_text_jsonl
+from trtspec.corpus import corpus_split
 
 FIELD = "quantization.calibration.dataset"
 # characters per row: generous for ~3-4 characters per token, so truncation, not padding, ends a row
@@ -27,7 +29,6 @@ CHARS_PER_TOKEN = 6
 
 def _read(source: str) -> list[str]:
     if source == "builtin":
-        from trtspec.corpus import corpus_split
 
         train, _held = corpus_split()
         return train
@@ -39,7 +40,6 @@ def _read(source: str) -> list[str]:
         return []
     if path.suffix != ".jsonl":
         return [raw]
-    from trtspec.prompts import parse_text_jsonl
 
     return parse_text_jsonl(raw, str(path), what="calibration texts")
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from trtspec.errors import ModelError
 from trtspec.manifest import read_manifest
+from trtspec.trtllm.llmapi import triton_model_yaml
 
 KIND = "trtllm-build"
 _ENVELOPE = ("kind", "trtspec_version", "created")
@@ -157,7 +158,6 @@ class TrtllmBuild:
 
     def triton_model_yaml(self, *, decoupled: bool, baseline: bool = False) -> dict[str, Any]:
         """Triton llmapi ``model.yaml`` (PyTorch flow) for the speculative or the baseline model."""
-        from trtspec.trtllm.llmapi import triton_model_yaml
 
         opts = self.llm_api_baseline if baseline else self.llm_api
         if opts is None:

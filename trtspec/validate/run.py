@@ -25,6 +25,7 @@ from trtspec.client.metrics import acceptance_summary
 from trtspec.client.types import Sampling
 from trtspec.validate.equivalence import EquivalenceResult, SampledResult, greedy_equivalence, sampled_check
 from trtspec.validate.gates import Verdict, evaluate
+from trtspec.prompts import load_prompts
 
 Progress = Callable[[int, "int | None", str], None]
 
@@ -116,7 +117,6 @@ def _worst(replicas: dict[str, tuple[EquivalenceResult, SampledResult | None]]):
 async def validate_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], recipe, *,
                          speculative_model: str = SPECULATIVE_MODEL, baseline_model: str = BASELINE_MODEL,
                          progress: Progress | None = None) -> ValidationResult:
-    from trtspec.prompts import load_prompts
 
     clients = [client] if isinstance(client, AsyncLLMClient) else list(client)
     v = recipe.validation

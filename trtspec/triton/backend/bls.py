@@ -26,6 +26,7 @@ from trtspec.triton.backend.common import (
     send_error,
 )
 from trtspec.triton.backend.requests import GenerationRequest, engine_inputs
+from trtspec.speculative.stats import RequestStats
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:
@@ -90,7 +91,6 @@ class DraftTargetBls:
         return out
 
     def _rounds(self, sender, req: GenerationRequest) -> None:
-        from trtspec.speculative.stats import RequestStats
 
         stats = RequestStats(prompt_tokens=len(req.input_ids))
         t_start = time.perf_counter()
@@ -135,7 +135,7 @@ class DraftTargetBls:
                 return
 
     def _send(self, sender, tokens: list[int], stats, final: bool) -> None:
-        from trtspec.triton.backend.engine import response_tensors
+        from trtspec.triton.backend.engine import response_tensors  # lazy: trtspec.triton.backend.engine needs torch; this module stays importable without it
 
         pb = self.pb
         perf = json.dumps(stats.to_dict()) if final else ""

@@ -31,6 +31,8 @@ from trtspec.triton.backend.common import (
 )
 from trtspec.triton.backend.cancel import STOP_INPUT
 from trtspec.triton.backend.requests import GenerationRequest, RequestInputError, parse_generation
+from trtspec.speculative.engine import BackgroundEngine
+from trtspec.speculative.runtime import RuntimeSpec, build_engine
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TOKENS_PER_S_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -173,8 +175,6 @@ class EngineModel:
     pb = None  # triton_python_backend_utils, set by model.py
 
     def initialize(self, args: dict) -> None:
-        from trtspec.speculative.engine import BackgroundEngine
-        from trtspec.speculative.runtime import RuntimeSpec, build_engine
 
         p = model_parameters(args)
         self.name = args["model_name"]

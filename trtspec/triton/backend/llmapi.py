@@ -65,7 +65,7 @@ class LlmApiModel:
     def _serve(self, sender, req: GenerationRequest) -> None:
         from tensorrt_llm import SamplingParams
 
-        from trtspec.triton.backend.engine import response_tensors
+        from trtspec.triton.backend.engine import response_tensors  # lazy: trtspec.triton.backend.engine needs torch; this module stays importable without it
 
         pb = self.pb
         try:

@@ -45,7 +45,7 @@ class GenerationRequest:
 
     def sampling_params(self):
         """The engine's :class:`SamplingParams` (raises SamplingError on invalid values)."""
-        from trtspec.speculative.sampling import SamplingParams
+        from trtspec.speculative.sampling import SamplingParams  # lazy: trtspec.speculative.sampling needs torch; this module stays importable without it
 
         stop = (self.end_id,) if self.end_id is not None else ()
         return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
@@ -53,7 +53,7 @@ class GenerationRequest:
 
     def validate_sampling(self) -> None:
         """Check the sampling values the way the engine will, as a request error."""
-        from trtspec.speculative.sampling import SamplingError
+        from trtspec.speculative.sampling import SamplingError  # lazy: trtspec.speculative.sampling needs torch; this module stays importable without it
 
         try:
             self.sampling_params()

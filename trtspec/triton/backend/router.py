@@ -147,10 +147,6 @@ class Router:
             max_draft_len=int(p.get("max_draft_len", "4")),
             has_speculative=self.models["speculative"] is not None,
         )
-        if self.models["speculative"] and self.policy.min_rate is None:
-            # break-even from measured costs needs trtspec.speculative.stats (imports torch):
-            # pay that at load time, not in the middle of serving
-            import trtspec.speculative.stats  # noqa: F401
         self.threads = RequestThreads()
         # which engine models take a stop request (trtspec's torch engine declares the input)
         here = pathlib.Path(args["model_repository"]).parent

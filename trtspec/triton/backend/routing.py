@@ -20,6 +20,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
+from trtspec.acceptance import break_even_acceptance
 
 
 def acceptance_rate_at(alpha: float, k: int) -> float:
@@ -153,7 +154,6 @@ class RoutingPolicy:
             return None
         t = self._target_step.value or v
         k = max(1, round(self._draft_len.value or self.max_draft_len))
-        from trtspec.acceptance import break_even_acceptance
 
         alpha = break_even_acceptance(d / t, k, v / t)
         return acceptance_rate_at(alpha, k)

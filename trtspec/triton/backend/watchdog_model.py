@@ -1,8 +1,8 @@
 """The ``trtspec_watchdog`` python model: puts the launcher's watchdog counters on Triton's /metrics.
 
 The launcher (``trtspec.triton.launch.watchdog``) is a separate process; Prometheus scrapes Triton's
-metrics port. So the launcher loads this tiny model from its own work folder (not the user's
-repository) and reports each event to it as an inference request: ``EVENT`` (``declare``,
+metrics port. So the launcher copies this tiny model (``templates/trtspec_watchdog``) into its own
+work folder (not the user's repository), loads it and reports each event to it as an inference request: ``EVENT`` (``declare``,
 ``reload``, ``reload_failed``, ``probe_failed``), ``MODEL`` (the model concerned) and ``SECONDS``
 (time to recovery). Metric calls come only from ``execute`` (one thread), under the lock anyway.
 """
@@ -12,32 +12,6 @@ from __future__ import annotations
 import threading
 
 import numpy as np
-
-NAME = "trtspec_watchdog"
-
-CONFIG = f"""# Written by trtspec's launcher into its work folder; counts watchdog events on /metrics.
-name: "{NAME}"
-backend: "python"
-max_batch_size: 0
-input [
-  {{ name: "EVENT" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "MODEL" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] }}
-]
-output [ {{ name: "OK" data_type: TYPE_BOOL dims: [ 1 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
-"""
-
-MODEL_PY = '''"""trtspec_watchdog: the launcher's watchdog counters. Logic: trtspec.triton.backend.watchdog_model."""
-
-import triton_python_backend_utils as pb_utils
-
-from trtspec.triton.backend.watchdog_model import WatchdogModel
-
-
-class TritonPythonModel(WatchdogModel):
-    pb = pb_utils
-'''
 
 # event → (metric, kind, description)
 FAMILIES = {
@@ -90,5 +64,5 @@ class WatchdogModel:
                             raise ValueError(f"unknown event {event!r}")
                 out.append(pb.InferenceResponse([pb.Tensor("OK", np.array([True]))]))
             except Exception as e:  # noqa: BLE001 - answer this request, keep serving
-                out.append(pb.InferenceResponse(error=pb.TritonError(f"{NAME}: {type(e).__name__}: {e}")))
+                out.append(pb.InferenceResponse(error=pb.TritonError(f"trtspec_watchdog: {type(e).__name__}: {e}")))
         return out

@@ -48,10 +48,13 @@ import shutil
 from dataclasses import dataclass, field
 from typing import Any
 
+from trtspec.config import parse_recipe
 from trtspec.errors import ConfigError, ServerError
 from trtspec.triton.launch.server import TritonServer
 from trtspec.triton.launch.paths import pytriton_dist
 from trtspec.triton.placement import MODES, Layout, layout_for
+from trtspec.triton.render import parse_model_config, read_repository_manifest
+from trtspec.trtllm.handoff import TrtllmBuild
 
 
 # --------------------------------------------------------------------------------------------
@@ -185,9 +188,6 @@ def launch_plan(
 def repository_layout(repository: str | os.PathLike) -> tuple[Layout, dict[str, Any]]:
     """(layout, repository manifest) of a repository ``trtspec package`` rendered; its engine models'
     ``gpu_device_ids`` / ``participant_ids`` must be the layout's."""
-    from trtspec.config import parse_recipe
-    from trtspec.triton.render import parse_model_config, read_repository_manifest
-    from trtspec.trtllm.handoff import TrtllmBuild
 
     repo = pathlib.Path(repository)
     manifest = read_repository_manifest(repo)
@@ -278,7 +278,6 @@ def with_repository_layout(server: TritonServer) -> TritonServer:
     that launches the repository's layout. ``server`` must not be started yet."""
     if server.proc is not None:
         raise ServerError("with_repository_layout() needs a server that has not started")
-    from trtspec.triton.render import read_repository_manifest
 
     if read_repository_manifest(server.repository) is None:  # not rendered by trtspec: served as it is
         return server
@@ -300,7 +299,6 @@ def planned_launch(server: TritonServer) -> LaunchPlan:
     Ports left at 0 (a free port at start) are shown as Triton's defaults 8001/8000/8002, and the
     python-backend shared-memory prefixes as launch_triton_server.py's ``prefix{rank}_``.
     """
-    from trtspec.triton.render import read_repository_manifest
 
     if isinstance(server, MpiTritonServer):
         layout = server.layout

@@ -44,7 +44,11 @@ import urllib.request
 from dataclasses import dataclass
 
 from trtspec.errors import ServerError
+from trtspec.resources import templates_dir
 from trtspec.triton.launch.paths import pytriton_dist
+from trtspec.triton.launch.watchdog import WATCHDOG_MODEL, WatchdogSettings
+from trtspec.triton.render import read_repository_manifest
+from trtspec.triton.launch.watchdog import Watchdog
 
 SHM_DIR = pathlib.Path("/dev/shm")
 # the python backend's EnvironmentManager makes one mkdtemp("/tmp/python_env_XXXXXX") per server
@@ -271,12 +275,9 @@ class TritonServer:
         return cmd + list(self.extra_args)
 
     def _write_watchdog_model(self) -> None:
-        from trtspec.triton.backend.watchdog_model import CONFIG, MODEL_PY, NAME
-
-        d = self.workdir / "watchdog_repository" / NAME
-        (d / "1").mkdir(parents=True, exist_ok=True)
-        (d / "config.pbtxt").write_text(CONFIG)
-        (d / "1" / "model.py").write_text(MODEL_PY)
+        d = self.workdir / "watchdog_repository" / WATCHDOG_MODEL
+        shutil.rmtree(d, ignore_errors=True)  # the launcher's own work folder: a copy from an earlier start
+        shutil.copytree(templates_dir() / WATCHDOG_MODEL, d)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -322,7 +323,6 @@ class TritonServer:
         try:
             self._wait_ready()
             if self.watchdog_settings is not None:
-                from trtspec.triton.launch.watchdog import Watchdog
 
                 self.watchdog = Watchdog(self.endpoints.http, self.proc.pid, self.watchdog_settings,
                                          entry_points=self.entry_points, on_event=self.on_watchdog_event).start()
@@ -518,8 +518,6 @@ def server_for_repository(
     The watchdog is on unless ``watchdog=None``; by default it watches the stubs only and sends no
     probe requests, which would mix into a validation's measurements (``trtspec run``);
     ``trtspec serve`` turns probes on."""
-    from trtspec.triton.render import read_repository_manifest
-    from trtspec.triton.launch.watchdog import WatchdogSettings
 
     manifest = read_repository_manifest(repository) or {}
     serving = (manifest.get("recipe") or {}).get("serving") or {}

@@ -51,8 +51,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from trtspec.errors import ConfigError, ServerError
-from trtspec.triton.backend.watchdog_model import NAME as WATCHDOG_MODEL
 from trtspec.triton.procs import alive, instance_model, is_instance_of, stubs_of
+
+# the model that counts watchdog events on /metrics (templates/trtspec_watchdog; the launcher loads it)
+WATCHDOG_MODEL = "trtspec_watchdog"
 
 log = logging.getLogger("trtspec.watchdog")
 
