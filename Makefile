@@ -1,6 +1,8 @@
 # Two commands do everything on a fresh machine:
 #   make demo   # venv + install + tiny models (if missing) + the main job on the CPU default
-#   make test   # venv + install + the test suite (what CI runs: .ci/run)
+#   make test   # venv + install + lint + the whole test suite (what CI runs: .ci/run)
+# and one for the edit loop:
+#   make test-fast  # tests/unit only: no trained models, no server
 SHELL := /bin/bash
 PY ?= python3
 VENV ?= .venv
@@ -10,7 +12,7 @@ RECIPE ?= build_configs/tiny-cpu-draft-target.yaml
 # Re-install when the project's dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: install models demo test clean-venv
+.PHONY: install models demo test test-fast lint clean-venv
 
 install: $(STAMP)
 
@@ -30,8 +32,16 @@ models: $(STAMP)
 demo: models
 	@$(TRTSPEC) run $(RECIPE); rc=$$?; if [ $$rc -gt 1 ]; then exit $$rc; fi
 
-test: $(STAMP)
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+# tiers: tests/unit (no trained models, no server), tests/engine (the trained tiny pair),
+# tests/serving (a real tritonserver), tests/pipeline (trtspec run end to end)
+test: lint
 	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests
+
+test-fast: $(STAMP)
+	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/unit
 
 clean-venv:
 	rm -rf $(VENV)

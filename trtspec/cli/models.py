@@ -8,7 +8,7 @@ import click
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trtspec.checkpoints.eagle3 import Eagle3Settings, make_eagle3_head
-from trtspec.checkpoints.qwen import import_qwen_pair
+from trtspec.checkpoints import qwen
 from trtspec.checkpoints.tiny import TinySettings, make_tiny_models
 from trtspec.cli.common import err, handle_errors, out
 
@@ -79,7 +79,7 @@ def models_qwen(out_dir: str, dtype: str, cache_dir: str | None, force: bool, as
     def progress(folder: str, msg: str) -> None:
         err.print(f"[dim]{folder}:[/] {msg}")
 
-    res = import_qwen_pair(out_dir, dtype=dtype, cache_dir=cache_dir, force=force, progress=progress)
+    res = qwen.import_qwen_pair(out_dir, dtype=dtype, cache_dir=cache_dir, force=force, progress=progress)
     summary = [{"role": r.source.role, "folder": str(r.folder), "sha256": r.manifest["gguf"]["sha256"],
                 "dtype": r.manifest["conversion"]["dtype"], "cached": r.cached, "seconds": round(r.seconds, 1)}
                for r in res]

@@ -18,7 +18,7 @@ from trtspec.triton.procs import instance_model, is_instance_of, parse_stub_cmdl
 from trtspec.triton.launch.server import SHM_DIR, TritonServer, sweep_leftovers
 from trtspec.triton.launch.watchdog import WatchdogSettings
 
-from test_triton_launcher import group_alive, model
+from tests.serving.test_triton_launcher import group_alive, model
 
 FAST = WatchdogSettings(interval_s=0.2, probe_every_s=None, load_timeout_s=60)
 

@@ -11,7 +11,7 @@ from dataclasses import replace
 import pytest
 import yaml
 from click.testing import CliRunner
-from test_validate_server import tiny_recipe
+from tests.serving.test_validate_server import tiny_recipe
 
 from trtspec.cli import main
 from trtspec.config import parse_recipe

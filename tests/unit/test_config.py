@@ -11,7 +11,7 @@ import yaml
 from trtspec.config import Lookahead, lookahead_max_draft_len, load_recipe, parse_recipe
 from trtspec.errors import ConfigErrors
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "build_configs").glob("*.yaml"))
 
 BASE = {

@@ -12,7 +12,7 @@ from trtspec.cli import main
 from trtspec.config import load_recipe, recipe_to_dict
 from trtspec.triton.render import package
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 TP8 = REPO / "build_configs" / "llama3.1-70b-tp8-draft-target-fp8-trtllm.yaml"
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-from triton_stream import generate, generate_many, metric, metrics, raw_stream
+from tests.serving.triton_stream import generate, generate_many, metric, metrics, raw_stream
 
 from trtspec.config import parse_recipe
 from trtspec.triton.render import TEMPLATES, bls_plan, inputs_from_recipe, package, render_model, torch_engine_plan

@@ -42,7 +42,7 @@ from trtspec.triton.procs import stubs_of
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import SHM_DIR, TritonServer
 from trtspec.triton.launch.watchdog import WatchdogSettings
-from triton_stream import metric, metrics
+from tests.serving.triton_stream import metric, metrics
 
 MAX_TOKENS = 16
 LONG = 400  # a request that would run long: how far it gets after a cancel is the measure

@@ -29,7 +29,7 @@ from trtspec.triton.launch.mpi import MpiTritonServer, launch_plan
 from trtspec.triton.placement import Layout, Placement, layout_for
 from trtspec.trtllm.plan import make_plan
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "scaleout" / "mpi"
 UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 

@@ -7,7 +7,7 @@ almost never accepted, so the rolling acceptance falls below break-even after th
 from __future__ import annotations
 
 import pytest
-from triton_stream import generate, metric, metrics
+from tests.serving.triton_stream import generate, metric, metrics
 
 from trtspec.config import parse_recipe
 from trtspec.triton.render import package

@@ -133,7 +133,7 @@ def test_gates_verdict():
 
 
 def test_validation_report(tmp_path):
-    from test_bench import synthetic_bench
+    from tests.serving.test_bench import synthetic_bench
 
     from trtspec.validate.report import write_validation_report
     from trtspec.validate.run import ValidationResult, acceptance_from
@@ -164,7 +164,7 @@ def test_validation_report(tmp_path):
 
 
 def test_acceptance_falls_back_to_the_chunk_proxy():
-    from test_bench import rec
+    from tests.serving.test_bench import rec
 
     from trtspec.validate.run import acceptance_from
 

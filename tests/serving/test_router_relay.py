@@ -4,14 +4,14 @@ fallback. Both served for real; the same greedy outputs on both."""
 from __future__ import annotations
 
 import pytest
-from triton_stream import generate
+from tests.serving.triton_stream import generate
 
 from trtspec.config import parse_recipe
 from trtspec.triton.backend.router import _relay_mode
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
 
-from test_triton_serving import MAX_TOKENS, tiny_recipe
+from tests.serving.test_triton_serving import MAX_TOKENS, tiny_recipe
 
 SERVER = ["tritonserver", "--model-repository=/r"]
 

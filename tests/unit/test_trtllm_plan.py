@@ -23,7 +23,7 @@ from trtspec.trtllm.handoff import TrtllmBuild, triton_choices
 from trtspec.trtllm.llmapi import triton_model_yaml
 from trtspec.trtllm.plan import make_plan
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "trtllm"
 UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 

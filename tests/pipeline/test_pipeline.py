@@ -146,7 +146,7 @@ def test_sigterm_mid_validation_stops_the_server_and_keeps_finished_stages(tmp_p
     import subprocess
     import sys
 
-    from test_triton_launcher import sigterm_launcher
+    from tests.serving.test_triton_launcher import sigterm_launcher
 
     target, _ = tiny_models
     validation = {"prompts": "builtin:stdlib", "num_prompts": 6, "max_tokens": 64, "concurrency": [1],

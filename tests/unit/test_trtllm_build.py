@@ -25,7 +25,7 @@ from trtspec.errors import CommandError, PreflightError, StageError
 from trtspec.trtllm.build import build, plan_build, version_gate
 from trtspec.trtllm.handoff import TrtllmBuild
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 R70B = REPO / "build_configs" / "llama3.3-70b-draft-target-fp8-trtllm.yaml"
 R8B = REPO / "build_configs" / "llama3.1-8b-eagle3-fp8-trtllm.yaml"
 REAL_SCRIPTS = ("quantization/quantize.py", "eagle/quantize.py", "eagle/convert_checkpoint.py",

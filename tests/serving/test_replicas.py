@@ -15,7 +15,7 @@ from trtspec.config import parse_recipe
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
 
-from test_validate_server import tiny_recipe
+from tests.serving.test_validate_server import tiny_recipe
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from trtspec.trtllm.plan import make_plan
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]' (kubernetes-validate)")
 istio_v1 = pytest.importorskip("cloudcoil.models.istio.networking.v1", reason="pip install -e '.[dev]' (cloudcoil-models-istio)")
 
-REPO = pathlib.Path(__file__).resolve().parent.parent
+REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "scaleout" / "k8s"
 UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
