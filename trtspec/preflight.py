@@ -272,6 +272,10 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
             report.add("max_seq_len", "ok", f"max_seq_len + max_draft_len = {need} fits max_position_embeddings={mpe}")
 
     check_quantization(recipe, report)
+    from trtspec.recipe_checks import calibration_lines, passthrough_lines
+
+    for line in calibration_lines(recipe) + passthrough_lines(recipe):
+        report.add(line.name, line.status, line.detail, line.fix)
 
     if recipe.runtime.backend == "torch" and recipe.runtime.device == "cuda":
         import torch

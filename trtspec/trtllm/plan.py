@@ -447,6 +447,9 @@ def make_plan(recipe: Recipe, out_dir: str | pathlib.Path, *, family: str | None
         max_input_len=lim.max_input_len, max_seq_len=lim.max_seq_len, max_num_tokens=t.max_num_tokens,
     )
     b.notes += recipe_warnings(t.llm_api_options, t.build_args, recipe.serving.tritonserver_args, backend=backend)
+    if recipe.serving.tritonserver_args:
+        b.notes.append("serving.tritonserver_args go to tritonserver when the repository is served: "
+                       + " ".join(recipe.serving.tritonserver_args))
     files: dict[str, str] = {}
     if backend == "trtllm-engine":
         e = _engine_flow(b)
