@@ -509,6 +509,10 @@ def quantize(model_dir, fmt, kv_cache, calib, calib_split, calib_column, calib_s
 
     q = make_quantization(fmt, kv_cache, calib=calib, calib_size=calib_size, calib_seq_len=calib_seq_len,
                           calib_split=calib_split, calib_column=calib_column, force=force)
+    from trtspec.hub import is_hub_id, resolve_model
+
+    if is_hub_id(model_dir):  # org/name: its snapshot folder in the Hugging Face cache (downloaded if allowed)
+        model_dir = str(resolve_model(model_dir, field="--model"))
     settings = None if no_quality else QualitySettings(
         eval_windows=eval_windows, eval_seq_len=eval_seq_len, prompts=num_prompts, max_new_tokens=max_new_tokens,
         max_draft_len=max_draft_len)

@@ -105,10 +105,13 @@ class Quantization(Strict):
 
 
 class ModelSpec(Strict):
-    """A model checkpoint: an HF folder (``config.json`` + safetensors + tokenizer)."""
+    """A model checkpoint: an HF folder (``config.json`` + safetensors + tokenizer), or a Hugging
+    Face hub id resolved through the local cache (trtspec.hub)."""
 
-    model: str = Field(..., min_length=1, description="HF checkpoint folder (local path)")
-    tokenizer: str | None = Field(None, description="tokenizer folder if not beside the weights")
+    model: str = Field(..., min_length=1, description="HF checkpoint folder (local path), or a hub id org/name "
+                       "(hf://org/name) resolved through huggingface_hub's cache")
+    tokenizer: str | None = Field(None, description="tokenizer folder (or hub id) if not beside the weights")
+    revision: str | None = Field(None, min_length=1, description="hub id only: branch, tag or commit to pin")
     quantization: Quantization = Quantization()
 
 
@@ -713,13 +716,24 @@ def _resolve_dataset(base: pathlib.Path, value: str) -> str:
     return _resolve(base, value)
 
 
+def _resolve_model(base: pathlib.Path, value: str | None) -> str | None:
+    """A model path resolves like any path; a hub id (hf://org/name, or org/name that is no
+    folder here) stays for trtspec.hub to resolve through the cache."""
+    from trtspec.hub import PREFIX, is_hub_id
+
+    if value is None or value.startswith(PREFIX) or (is_hub_id(value) and not (base / value).exists()):
+        return value
+    return _resolve(base, value)
+
+
 def _resolve_spec(spec: ModelSpec, base: pathlib.Path) -> ModelSpec:
     cal = spec.quantization.calibration
     quant = spec.quantization.model_copy(
         update={"calibration": cal.model_copy(update={"dataset": _resolve_dataset(base, cal.dataset)})}
     )
     return spec.model_copy(
-        update={"model": _resolve(base, spec.model), "tokenizer": _resolve(base, spec.tokenizer), "quantization": quant}
+        update={"model": _resolve_model(base, spec.model), "tokenizer": _resolve_model(base, spec.tokenizer),
+                "quantization": quant}
     )
 
 

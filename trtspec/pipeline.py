@@ -67,7 +67,10 @@ def fingerprint(folder: str | os.PathLike | None) -> str | None:
 class Pipeline:
     def __init__(self, recipe: Recipe, workdir: str | os.PathLike, *, source: str = "", on_event: OnEvent | None = None,
                  ready_timeout_s: float | None = None):
-        self.recipe = recipe
+        from trtspec.hub import resolve_recipe
+
+        # hub ids (org/name) become their snapshot folders: every stage reads local folders
+        self.recipe, _resolved, _ = resolve_recipe(recipe, download=True)
         self.source = source
         self.workdir = pathlib.Path(workdir).resolve()
         self.on_event = on_event or (lambda *a: None)

@@ -236,6 +236,13 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
         report.add("trtllm_version", "ok" if ok else "fail", why,
                    fix=None if ok else "pin runtime.trtllm.version to 1.2.x, or use runtime.backend: trtllm-pytorch")
 
+    # models by hub id: read from the Hugging Face cache (trtspec.hub), never downloaded here
+    from trtspec.hub import check_lines, is_hub_id
+
+    recipe, hub_lines = check_lines(recipe)
+    for line in hub_lines:
+        report.add(*line)
+
     # models on disk
     local = _local(recipe)
     target = _model_info(recipe.target.model, recipe.target.tokenizer)
@@ -244,6 +251,8 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
     for role, spec_m, info in (("target", recipe.target, target), ("draft" if spec.method == "draft_target" else "head", draft_spec, draft)):
         if spec_m is None:
             continue
+        if info is None and is_hub_id(spec_m.model):
+            continue  # reported above (hub:...)
         if info is None:
             if local:
                 report.add(f"model:{role}", "fail", f"{role} checkpoint not found or has no config.json: {spec_m.model}",
