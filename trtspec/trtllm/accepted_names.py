@@ -329,6 +329,19 @@ TRITON_LLMAPI_EXTRA_KEYS = frozenset({"triton_config"})
 TRITON_CONFIG_KEYS = frozenset({"max_batch_size", "decoupled"})
 
 
+# trtllm-bench (tensorrt_llm/commands/bench.py global options + tensorrt_llm/bench/benchmark/throughput.py
+# @000a01de66f0): `trtllm-bench --model M [--model_path P] throughput FLAGS`, used by `trtspec tune --trtllm`
+TRTLLM_BENCH_SOURCE = "tensorrt_llm/bench/benchmark/throughput.py @000a01de66f0"
+TRTLLM_BENCH_GLOBAL_FLAGS = frozenset({"--model", "--model_path", "--workspace", "--log_level"})
+TRTLLM_BENCH_THROUGHPUT_FLAGS = frozenset({
+    "--engine_dir", "--backend", "--extra_llm_api_options", "--max_batch_size", "--max_num_tokens", "--max_seq_len",
+    "--beam_width", "--kv_cache_free_gpu_mem_fraction", "--dataset", "--eos_id", "--modality", "--max_input_len",
+    "--num_requests", "--warmup", "--target_input_len", "--target_output_len", "--tp", "--pp", "--ep",
+    "--cluster_size", "--concurrency", "--streaming", "--report_json", "--iteration_log", "--output_json",
+    "--request_json", "--enable_chunked_context", "--scheduler_policy",
+})
+
+
 # tritonserver options, from `tritonserver --help` of the server nvidia-pytriton 0.7.0 bundles
 # (Triton 2.51); serving.tritonserver_args is checked against them
 TRITONSERVER_SOURCE = "tritonserver --help (Triton 2.51, bundled with nvidia-pytriton 0.7.0)"
