@@ -72,8 +72,8 @@ class Calibration(Strict):
     )
     split: str | None = Field(None, description="dataset split (default: the named dataset's, else train)")
     column: str | None = Field(None, description="text column (default: the named dataset's, else text)")
-    size: int = Field(..., ge=1, le=100_000, description="number of calibration sequences")
-    seq_len: int = Field(..., ge=8, le=32_768, description="tokens per calibration sequence")
+    size: int = Field(512, ge=1, le=100_000, description="number of calibration sequences (64 for builtin)")
+    seq_len: int = Field(512, ge=8, le=32_768, description="tokens per calibration sequence (128 for builtin)")
 
     @model_validator(mode="before")
     @classmethod

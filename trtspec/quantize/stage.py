@@ -249,8 +249,8 @@ def make_quantization(
         if not err["loc"]:  # a model-level check (the dataset value)
             raise ConfigError("quantization.calibration.dataset", calib, err["msg"].removeprefix("Value error, "),
                               fix="check --calib") from None
-        raise ConfigError(f"quantization.calibration.{err['loc'][-1]}", err.get("input"), err["msg"],
-                          fix=f"check --{name.replace('_', '-')}") from None
+        raise ConfigError(f"quantization.calibration.{err['loc'][-1]}", err.get("input"),
+                          err["msg"].removeprefix("Value error, "), fix=f"check --{name.replace('_', '-')}") from None
 
 
 def quantize_model(
