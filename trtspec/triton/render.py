@@ -570,6 +570,10 @@ def package(
     build_dir: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> RenderedRepository:
-    """``trtspec package``: recipe → rendered, self-describing Triton model repository."""
+    """``trtspec package``: recipe → rendered, self-describing Triton model repository.
+    Hub-id models (trtspec.hub) are packaged from their snapshot folders."""
+    from trtspec.hub import resolve_recipe
+
+    recipe, _resolved, _ = resolve_recipe(recipe, download=True)
     inp = inputs_from_recipe(recipe, target=target, draft=draft, build_dir=build_dir)
     return render_repository(inp, out, overwrite=overwrite)
