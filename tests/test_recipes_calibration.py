@@ -79,9 +79,13 @@ def test_resolve_kinds(tmp_path, saved_dataset):
     h = S.resolve("hf://org/chat", "test", "prompt")
     assert (h.kind, h.hf_id, h.split, h.column) == ("hub", "org/chat", "test", "prompt")
     assert S.resolve(str(saved_dataset)).kind == "folder" and S.resolve(str(f)).kind == "file"
-    with pytest.raises(ConfigError, match=r"no file or folder at") as e:
+    with pytest.raises(ConfigError, match=r"calibration file not found") as e:
         S.resolve(str(tmp_path / "nothing" / "here.jsonl"))
     assert e.value.field == S.FIELD
+    with pytest.raises(ConfigError, match=r"no file or folder at") as e:
+        S.resolve(str(tmp_path / "no-such-folder"))
+    with pytest.raises(ConfigError, match=r"calibration file not found"):
+        S.resolve("data/missing.jsonl")  # relative, org/name-shaped, but a file name: not a hub id
     with pytest.raises(ConfigError, match="no splits or columns") as e:
         S.resolve(str(f), column="body")
     assert e.value.field == S.COLUMN_FIELD

@@ -70,8 +70,13 @@ def default_sizes(dataset: str) -> tuple[int, int]:
     return DEFAULT_SIZES.get(dataset, MODELOPT_SIZES)
 
 
+FILE_SUFFIXES = (".jsonl", ".json", ".txt", ".csv", ".parquet", ".arrow")
+
+
 def is_hub_id(value: str) -> bool:
-    return value.startswith("hf://") or bool(_HUB_ID.match(value))
+    """``hf://org/name``, or ``org/name`` that does not end like a data file (``data/calib.jsonl``
+    is a missing file, not a dataset id)."""
+    return value.startswith("hf://") or (bool(_HUB_ID.match(value)) and not value.lower().endswith(FILE_SUFFIXES))
 
 
 def bare_word_problem(value: str) -> str | None:
@@ -131,6 +136,9 @@ def resolve(dataset: str, split: str | None = None, column: str | None = None) -
     if is_hub_id(dataset) and not path.is_absolute():
         hf_id = dataset.removeprefix("hf://")
         return Source("hub", dataset, hf_id, None, split or "train", column or "text", f"rows of {hf_id}")
+    if path.suffix:
+        raise ConfigError(FIELD, dataset, f"calibration file not found: {path}",
+                          fix="pass an existing .jsonl/.txt file, a dataset folder, a dataset name, or builtin")
     problem = bare_word_problem(dataset) or (
         f"unknown dataset: not builtin, not a named dataset ({', '.join(NAMED)}), not a Hugging Face dataset id "
         f"(org/name), and no file or folder at {path}")
