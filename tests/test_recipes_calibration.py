@@ -297,20 +297,36 @@ def test_check_fails_a_local_source_with_a_missing_column(saved_dataset):
 
 
 # --------------------------------------------------------------------------------------------
-# end to end on the tiny pair (when it is on disk: it is trained elsewhere, never here)
+# end to end: ModelOpt calibrates a small random Llama (made here, not trained) on a saved dataset
 
 
-def test_quantize_calibrates_and_reports_on_a_saved_dataset(saved_dataset, tmp_path):
-    target = REPO / "models" / "tiny-target"
-    if not (target / "config.json").is_file():
-        pytest.skip("the tiny pair is not on disk (models/tiny-target)")
+@pytest.fixture
+def small_llama(tmp_path, tokenizer) -> pathlib.Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id)
+    out = tmp_path / "small-llama"
+    LlamaForCausalLM(cfg).save_pretrained(str(out), safe_serialization=True)
+    tokenizer.save_pretrained(str(out))
+    return out
+
+
+def test_quantize_calibrates_and_reports_on_a_saved_dataset(saved_dataset, small_llama, tmp_path):
     from trtspec.quantize import QualitySettings, make_quantization, quantize_model
 
     q = make_quantization("int8_wo", calib=str(saved_dataset), calib_column="body", calib_size=2, calib_seq_len=32)
-    res = quantize_model(target, q, "torch", tmp_path / "out",
+    res = quantize_model(small_llama, q, "torch", tmp_path / "out", device="cpu", pair=small_llama, role="target",
                          quality=QualitySettings(eval_windows=2, eval_seq_len=32, prompts=2, max_new_tokens=4))
-    assert res.manifest["calibration"]["kind"] == "folder" and res.manifest["calibration"]["column"] == "body"
+    # the acceptance measurement's prompts are held-out rows of the same source too
+    assert res.quality["acceptance"]["prompts"].startswith("held-out rows of local dataset folder")
+    cal = res.manifest["calibration"]
+    assert (cal["kind"], cal["split"], cal["column"], cal["size"], cal["seq_len"]) == ("folder", "train", "body", 2, 32)
     assert "held-out text of local dataset folder" in res.quality["heldout"]["text"]
-    with pytest.raises(ConfigError) as e:
-        quantize_model(target, make_quantization("int8_wo", calib=str(saved_dataset)), "torch", tmp_path / "o2")
+    assert res.quality["heldout"]["sha256_16"] != cal["sha256_16"]
+    with pytest.raises(ConfigError) as e:  # the default column 'text' is not in this dataset
+        quantize_model(small_llama, make_quantization("int8_wo", calib=str(saved_dataset)), "torch", tmp_path / "o2")
     assert e.value.field == S.COLUMN_FIELD and not (tmp_path / "o2").exists()
