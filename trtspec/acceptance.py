@@ -11,6 +11,17 @@ pass over k+1 tokens / one target step.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+
+
+@dataclass
+class TuneRow:
+    """One row of the max_draft_len recommendation (torch runtime or trtllm-bench)."""
+
+    k: int
+    expected_tokens_per_pass: float
+    cost_per_pass: float  # in units of one ordinary target step
+    expected_speedup: float
 
 
 def expected_tokens(alphas: list[float], k: int) -> float:

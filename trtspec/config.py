@@ -24,6 +24,14 @@ from pydantic import (
 )
 
 from trtspec.errors import ConfigError, ConfigErrors
+from trtspec.hub import PREFIX, is_hub_id
+from trtspec.passthrough import check_llm_api_options
+from trtspec.passthrough import check_build_args
+from trtspec.passthrough import check_tritonserver_args
+from trtspec.calib_sources import NAMED
+from trtspec.calib_sources import is_hub_id as is_dataset_id
+from trtspec.calib_sources import default_sizes
+from trtspec.calib_sources import bare_word_problem
 
 QuantFormat = Literal["none", "fp8", "int8_sq", "int8_wo", "int4_wo", "int4_awq", "w4a8_awq", "nvfp4"]
 KVCacheFormat = Literal["none", "fp8", "int8"]
@@ -42,14 +50,39 @@ class Strict(BaseModel):
 
 
 class Calibration(Strict):
-    """Calibration data for ModelOpt PTQ."""
+    """Calibration data for ModelOpt PTQ (sources: trtspec.calib_sources, docs/quantization.md).
+
+    ``size`` x ``seq_len`` default to ModelOpt's 512 x 512, or 64 x 128 for ``builtin`` (the CPU
+    tiny recipes)."""
 
     dataset: str = Field(
         "builtin",
-        description="'builtin' (stdlib source + built-in chat/code prompts) or a path to .jsonl/.txt",
+        description="builtin (stdlib source, tiny CPU recipes) | cnn_dailymail | pileval | a Hugging Face dataset "
+        "id org/name | a local dataset folder (save_to_disk, or a train split) | a .jsonl/.txt file",
     )
-    size: int = Field(64, ge=1, le=100_000, description="number of calibration sequences")
-    seq_len: int = Field(128, ge=8, le=32_768, description="tokens per calibration sequence")
+    split: str | None = Field(None, description="dataset split (default: the named dataset's, else train)")
+    column: str | None = Field(None, description="text column (default: the named dataset's, else text)")
+    size: int = Field(512, ge=1, le=100_000, description="number of calibration sequences (64 for builtin)")
+    seq_len: int = Field(512, ge=8, le=32_768, description="tokens per calibration sequence (128 for builtin)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_sizes(cls, data: Any) -> Any:
+
+        if isinstance(data, dict):
+            size, seq_len = default_sizes(data.get("dataset", "builtin"))
+            data = {"size": size, "seq_len": seq_len, **data}
+        return data
+
+    @field_validator("dataset")
+    @classmethod
+    def _dataset(cls, v: str) -> str:
+
+        problem = bare_word_problem(v)
+        if problem:
+            raise ValueError(f"{problem}; use builtin, cnn_dailymail, pileval, org/name, or a path (./NAME for a "
+                             "folder here)")
+        return v
 
 
 class Quantization(Strict):
@@ -60,10 +93,13 @@ class Quantization(Strict):
 
 
 class ModelSpec(Strict):
-    """A model checkpoint: an HF folder (``config.json`` + safetensors + tokenizer)."""
+    """A model checkpoint: an HF folder (``config.json`` + safetensors + tokenizer), or a Hugging
+    Face hub id resolved through the local cache (trtspec.hub)."""
 
-    model: str = Field(..., min_length=1, description="HF checkpoint folder (local path)")
-    tokenizer: str | None = Field(None, description="tokenizer folder if not beside the weights")
+    model: str = Field(..., min_length=1, description="HF checkpoint folder (local path), or a hub id org/name "
+                       "(hf://org/name) resolved through huggingface_hub's cache")
+    tokenizer: str | None = Field(None, description="tokenizer folder (or hub id) if not beside the weights")
+    revision: str | None = Field(None, min_length=1, description="hub id only: branch, tag or commit to pin")
     quantization: Quantization = Quantization()
 
 
@@ -377,6 +413,30 @@ class TrtllmOptions(Strict):
         "mpirun starts 1 + every engine's ranks (participant_ids; needed for draft logits). auto: leader for one "
         "engine, orchestrator for several, orchestrator_prespawn for draft_target with use_draft_logits",
     )
+    # passthroughs (trtspec.passthrough): checked where the names are known, else passed with a warning
+    llm_api_options: dict[str, Any] = Field(
+        default_factory=dict,
+        description="PyTorch flow: merged into extra_llm_api_options.yaml (and the baseline's), e.g. "
+        "cuda_graph_config, enable_attention_dp, kv_cache_config.dtype; keys trtspec sets are refused",
+    )
+    build_args: list[str] = Field(
+        default_factory=list,
+        description="engine flow: extra trtllm-build flags for every engine, e.g. [--multiple_profiles, enable]",
+    )
+
+    @field_validator("llm_api_options")
+    @classmethod
+    def _llm_api_options(cls, v: dict[str, Any]) -> dict[str, Any]:
+
+        check_llm_api_options(v)
+        return v
+
+    @field_validator("build_args")
+    @classmethod
+    def _build_args(cls, v: list[str]) -> list[str]:
+
+        check_build_args(v)
+        return v
 
     @model_validator(mode="after")
     def _mem(self) -> "TrtllmOptions":
@@ -451,6 +511,17 @@ class Serving(Strict):
     )
     max_queue_size: int = Field(64, ge=0, le=1_000_000)
     ready_timeout_s: float = Field(180, gt=0)
+    tritonserver_args: list[str] = Field(
+        default_factory=list,
+        description="extra tritonserver arguments, e.g. [--log-info=false]; ones trtspec sets are refused",
+    )
+
+    @field_validator("tritonserver_args")
+    @classmethod
+    def _tritonserver_args(cls, v: list[str]) -> list[str]:
+
+        check_tritonserver_args(v)
+        return v
 
 
 class Sampling(Strict):
@@ -675,13 +746,32 @@ def _resolve(base: pathlib.Path, value: str | None) -> str | None:
     return str(path if path.is_absolute() else (base / path).resolve())
 
 
+def _resolve_dataset(base: pathlib.Path, value: str) -> str:
+    """A calibration dataset that names a path resolves like any path; builtin, a named dataset
+    and a Hugging Face id (org/name, hf://...) stay as they are unless such a path exists here."""
+    if value in NAMED or value.startswith("hf://"):
+        return value
+    if is_dataset_id(value) and not (base / value).exists():
+        return value
+    return _resolve(base, value)
+
+
+def _resolve_model(base: pathlib.Path, value: str | None) -> str | None:
+    """A model path resolves like any path; a hub id (hf://org/name, or org/name that is no
+    folder here) stays for trtspec.hub to resolve through the cache."""
+    if value is None or value.startswith(PREFIX) or (is_hub_id(value) and not (base / value).exists()):
+        return value
+    return _resolve(base, value)
+
+
 def _resolve_spec(spec: ModelSpec, base: pathlib.Path) -> ModelSpec:
     cal = spec.quantization.calibration
     quant = spec.quantization.model_copy(
-        update={"calibration": cal.model_copy(update={"dataset": _resolve(base, cal.dataset)})}
+        update={"calibration": cal.model_copy(update={"dataset": _resolve_dataset(base, cal.dataset)})}
     )
     return spec.model_copy(
-        update={"model": _resolve(base, spec.model), "tokenizer": _resolve(base, spec.tokenizer), "quantization": quant}
+        update={"model": _resolve_model(base, spec.model), "tokenizer": _resolve_model(base, spec.tokenizer),
+                "quantization": quant}
     )
 
 

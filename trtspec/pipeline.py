@@ -34,6 +34,7 @@ from trtspec.validate.report import write_validation_report
 from trtspec.validate.run import run_validation
 from trtspec.report import write_run_report
 from trtspec.trtllm.build import build
+from trtspec.hub import resolve_recipe
 
 STAGES = ("check", "quantize", "build", "package", "serve", "validate", "report")
 STAGE_KIND = "pipeline-stage"
@@ -78,7 +79,9 @@ def fingerprint(folder: str | os.PathLike | None) -> str | None:
 class Pipeline:
     def __init__(self, recipe: Recipe, workdir: str | os.PathLike, *, source: str = "", on_event: OnEvent | None = None,
                  ready_timeout_s: float | None = None):
-        self.recipe = recipe
+
+        # hub ids (org/name) become their snapshot folders: every stage reads local folders
+        self.recipe, _resolved, _ = resolve_recipe(recipe, download=True)
         self.source = source
         self.workdir = pathlib.Path(workdir).resolve()
         self.on_event = on_event or (lambda *a: None)

@@ -16,6 +16,8 @@ from typing import Literal
 
 from trtspec.config import Eagle, Eagle3, Medusa, Recipe
 from trtspec.versions import engine_flow_supported
+from trtspec.hub import check_lines, is_hub_id
+from trtspec.recipe_checks import calibration_lines, passthrough_lines
 
 Status = Literal["ok", "warn", "fail", "skip"]
 
@@ -236,6 +238,12 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
         report.add("trtllm_version", "ok" if ok else "fail", why,
                    fix=None if ok else "pin runtime.trtllm.version to 1.2.x, or use runtime.backend: trtllm-pytorch")
 
+    # models by hub id: read from the Hugging Face cache (trtspec.hub), never downloaded here
+
+    recipe, hub_lines = check_lines(recipe)
+    for line in hub_lines:
+        report.add(*line)
+
     # models on disk
     local = _local(recipe)
     target = _model_info(recipe.target.model, recipe.target.tokenizer)
@@ -244,6 +252,8 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
     for role, spec_m, info in (("target", recipe.target, target), ("draft" if spec.method == "draft_target" else "head", draft_spec, draft)):
         if spec_m is None:
             continue
+        if info is None and is_hub_id(spec_m.model):
+            continue  # reported above (hub:...)
         if info is None:
             if local:
                 report.add(f"model:{role}", "fail", f"{role} checkpoint not found or has no config.json: {spec_m.model}",
@@ -272,6 +282,9 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
             report.add("max_seq_len", "ok", f"max_seq_len + max_draft_len = {need} fits max_position_embeddings={mpe}")
 
     check_quantization(recipe, report)
+
+    for line in calibration_lines(recipe) + passthrough_lines(recipe):
+        report.add(line.name, line.status, line.detail, line.fix)
 
     if recipe.runtime.backend == "torch" and recipe.runtime.device == "cuda":
         import torch

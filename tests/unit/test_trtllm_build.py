@@ -153,8 +153,9 @@ def test_engine_build_runs_every_stage_then_a_rerun_does_nothing(fake, tmp_path)
     out = tmp_path / "out"
     res = build(recipe, out, installed_version="1.2.1", env=env)
 
-    assert res.ran == ["calib", "target-ckpt", "target-engine", "draft-ckpt", "draft-engine"] and res.cached == []
-    assert len(calls()) == 5
+    # no calib stage: the recipe calibrates on cnn_dailymail, which quantize.py reads by name
+    assert res.ran == ["target-ckpt", "target-engine", "draft-ckpt", "draft-engine"] and res.cached == []
+    assert len(calls()) == 4
     assert sorted(p.name for p in (out / "target-engine").iterdir()) == [
         "config.json", "rank0.engine", "rank1.engine", "rank2.engine", "rank3.engine", "trtspec.json"]
     assert _leftovers(out) == []
@@ -169,7 +170,7 @@ def test_engine_build_runs_every_stage_then_a_rerun_does_nothing(fake, tmp_path)
     manifest_mtime = (out / "trtspec.json").stat().st_mtime_ns
     again = build(recipe, out, installed_version="1.2.1", env=env)
     assert again.ran == [] and again.cached == res.ran
-    assert len(calls()) == 5, "an unchanged recipe must run nothing"
+    assert len(calls()) == 4, "an unchanged recipe must run nothing"
     assert not again.manifest_written and (out / "trtspec.json").stat().st_mtime_ns == manifest_mtime
 
 
@@ -181,7 +182,7 @@ def test_a_changed_input_rebuilds_only_what_depends_on_it(fake, tmp_path):
     (models / "draft" / "model.safetensors").write_text("new draft weights")
     res = build(recipe, out, installed_version="1.2.1", env=env)
     assert res.ran == ["draft-ckpt", "draft-engine"]
-    assert res.cached == ["calib", "target-ckpt", "target-engine"]
+    assert res.cached == ["target-ckpt", "target-engine"]
     assert res.manifest_written
 
 
@@ -305,7 +306,7 @@ def test_cli_dry_run_json_and_real_build_error_here(tmp_path):
     res = CliRunner().invoke(main, ["build", str(R70B), "--dry-run", "--json", "-o", str(tmp_path / "o")])
     assert res.exit_code == 0
     data = json.loads(res.output)
-    assert [s["id"] for s in data["stages"]] == ["calib", "target-ckpt", "target-engine", "draft-ckpt", "draft-engine"]
+    assert [s["id"] for s in data["stages"]] == ["target-ckpt", "target-engine", "draft-ckpt", "draft-engine"]
     assert data["handoff"]["max_draft_len"] == 10
     from trtspec.versions import installed_trtllm_version
 

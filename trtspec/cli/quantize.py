@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from trtspec.hub import is_hub_id, resolve_model
 from trtspec.quantize import QualitySettings, make_quantization, quantize_model
 from trtspec.cli.common import err, handle_errors, out
 
@@ -19,9 +20,15 @@ from trtspec.cli.common import err, handle_errors, out
               help="fp8 | int8_sq | int8_wo | int4_wo | int4_awq | w4a8_awq | nvfp4")
 @click.option("--kv-cache", default="none", show_default=True, help="KV-cache quantization: none | fp8 | int8.")
 @click.option("--calib", default="builtin", show_default=True,
-              help="Calibration text: builtin (stdlib sources, train split) or a .jsonl ({\"text\": ...}) / text file.")
-@click.option("--calib-size", default=64, show_default=True, type=int, help="Calibration sequences.")
-@click.option("--calib-seq-len", default=128, show_default=True, type=int, help="Tokens per calibration sequence.")
+              help="Calibration source: builtin (stdlib sources, tiny models), cnn_dailymail, pileval, a Hugging Face "
+                   "dataset id org/name, a local dataset folder, or a .jsonl ({\"text\": ...}) / text file "
+                   "(docs/quantization.md).")
+@click.option("--calib-split", default=None, help="Dataset split [default: the named dataset's, else train].")
+@click.option("--calib-column", default=None, help="Text column [default: the named dataset's, else text].")
+@click.option("--calib-size", default=None, type=int,
+              help="Calibration sequences [default: 512, ModelOpt's; 64 for builtin].")
+@click.option("--calib-seq-len", default=None, type=int,
+              help="Tokens per calibration sequence [default: 512, ModelOpt's; 128 for builtin].")
 @click.option("--export", "export", required=True, type=click.Choice(["hf", "trtllm", "torch"]),
               help="hf: unified HF checkpoint (TRT-LLM PyTorch flow, EAGLE path); trtllm: legacy TRT-LLM "
                    "checkpoint (trtllm-build); torch: ModelOpt state for the torch runtime (fake-quant).")
@@ -50,7 +57,8 @@ from trtspec.cli.common import err, handle_errors, out
 @click.option("--no-quality", is_flag=True, help="Skip the quality report (no quality.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and quality report as JSON.")
 @handle_errors
-def quantize(model_dir, fmt, kv_cache, calib, calib_size, calib_seq_len, export, out_dir, pair, role, gpu_arch,
+def quantize(model_dir, fmt, kv_cache, calib, calib_split, calib_column, calib_size, calib_seq_len, export, out_dir,
+             pair, role, gpu_arch,
              force, dtype, device, threads, eval_windows, eval_seq_len, num_prompts, max_new_tokens, max_draft_len,
              no_quality, as_json):
     """Quantize a target, a draft or an EAGLE-3 head with NVIDIA ModelOpt and export it for one runtime.
@@ -62,7 +70,10 @@ def quantize(model_dir, fmt, kv_cache, calib, calib_size, calib_seq_len, export,
     """
 
 
-    q = make_quantization(fmt, kv_cache, calib=calib, calib_size=calib_size, calib_seq_len=calib_seq_len, force=force)
+    q = make_quantization(fmt, kv_cache, calib=calib, calib_size=calib_size, calib_seq_len=calib_seq_len,
+                          calib_split=calib_split, calib_column=calib_column, force=force)
+    if is_hub_id(model_dir):  # org/name: its snapshot folder in the Hugging Face cache (downloaded if allowed)
+        model_dir = str(resolve_model(model_dir, field="--model"))
     settings = None if no_quality else QualitySettings(
         eval_windows=eval_windows, eval_seq_len=eval_seq_len, prompts=num_prompts, max_new_tokens=max_new_tokens,
         max_draft_len=max_draft_len)

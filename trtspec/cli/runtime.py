@@ -3,23 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 from rich.table import Table
 
-from trtspec.config import TORCH_METHODS, draft_option_problem
+from trtspec.config import TORCH_METHODS, draft_option_problem, load_recipe
 from trtspec.prompts import load_prompts
 from trtspec.speculative.runtime import RuntimeSpec
 from trtspec.speculative.runtime import build_engine
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.speculative.tune import tune as run_tune
+from trtspec.trtllm.bench import bench_plan, read_reports, run_bench
 from trtspec.cli.common import handle_errors, out
 
 
 def _runtime_options(fn):
     """Options shared by `generate` and `tune`: which target, which proposer."""
     opts = [
-        click.option("--target", required=True, type=click.Path(file_okay=False), help="Target HF checkpoint folder."),
+        click.option("--target", type=click.Path(file_okay=False), help="Target HF checkpoint folder (required)."),
         click.option("--draft", type=click.Path(file_okay=False), help="Draft model folder (draft-target)."),
         click.option("--method", type=click.Choice(TORCH_METHODS), default=None,
                      help="Proposer; default: draft_target with --draft, else none (plain decoding)."),
@@ -81,6 +83,8 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
              draft_weight_only, compile_draft, prompt, max_new_tokens, temperature, top_k, top_p, seed, as_json):
     """Generate with the torch runtime: plain decoding, or speculation with a draft model, an
     EAGLE-3 head or n-gram prompt lookup. Greedy speculation is token-identical to plain decoding."""
+    if not target:
+        raise click.UsageError("missing option --target (the target HF checkpoint folder)")
     from transformers import AutoTokenizer
 
 
@@ -117,14 +121,32 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
 @click.option("--num-prompts", default=16, show_default=True, type=click.IntRange(1))
 @click.option("--max-new-tokens", default=64, show_default=True, type=click.IntRange(1))
 @click.option("--k-max", default=8, show_default=True, type=click.IntRange(1, 32), help="Longest draft measured.")
+@click.option("--trtllm", "trtllm_recipe", type=click.Path(dir_okay=False), default=None,
+              help="Tune on TensorRT-LLM instead: a trtllm-pytorch RECIPE; plans trtllm-bench runs over max_draft_len "
+                   "(LLM-API flow) and reads their reports (docs/trtllm.md).")
+@click.option("--k-values", default=None, help="--trtllm: draft lengths to run, e.g. 1,2,3,4,6,8 (0 is always run).")
+@click.option("--build-dir", type=click.Path(file_okay=False), default=None,
+              help="--trtllm: the recipe's build folder (default build/<recipe name>).")
+@click.option("--bench-dir", type=click.Path(file_okay=False), default=None,
+              help="--trtllm: where the runs' files and reports go (default <build dir>/tune).")
+@click.option("--dry-run", is_flag=True, help="--trtllm: print the plan; write and run nothing.")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-         draft_weight_only, compile_draft, prompt_source, num_prompts, max_new_tokens, k_max, as_json):
+         draft_weight_only, compile_draft, prompt_source, num_prompts, max_new_tokens, k_max, trtllm_recipe,
+         k_values, build_dir, bench_dir, dry_run, as_json):
     """Recommend max_draft_len from measured per-position acceptance α_i, draft cost c and verify cost v_k.
 
     Expected speedup S(k) = (1 + Σ_{i≤k} Π_{j≤i} α_j) / (k·c + v_k)  (Leviathan et al., generalised).
+    With --trtllm RECIPE: measured on TensorRT-LLM with trtllm-bench, one run per max_draft_len.
     """
+    if trtllm_recipe:
+        _tune_trtllm(trtllm_recipe, k_values, build_dir, bench_dir, dry_run, as_json)
+        return
+    if dry_run or k_values or build_dir or bench_dir:
+        raise click.UsageError("--dry-run, --k-values, --build-dir and --bench-dir go with --trtllm RECIPE")
+    if not target:
+        raise click.UsageError("missing option --target (or --trtllm RECIPE)")
     from transformers import AutoTokenizer
 
 
@@ -154,3 +176,40 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
     out.print(f"[bold]recommended max_draft_len: {res.recommended_k}[/]"
               + (" (speculation does not pay here: keep ordinary decoding)" if res.recommended_k == 0 else "")
               + f"; break-even acceptance at that k: {res.break_even_acceptance:.2f}")
+
+
+def _tune_trtllm(recipe_path, k_values, build_dir, bench_dir, dry_run, as_json) -> None:
+    """`trtspec tune --trtllm`: plan (and run) trtllm-bench over max_draft_len, print the table."""
+    recipe = load_recipe(recipe_path)
+    ks = None
+    if k_values:
+        try:
+            ks = [int(v) for v in k_values.split(",") if v.strip()]
+        except ValueError:
+            raise click.UsageError(f"--k-values {k_values!r}: a comma-separated list of integers, e.g. 1,2,4") from None
+    build_dir = os.path.abspath(build_dir or os.path.join("build", recipe.name))
+    bench_dir = os.path.abspath(bench_dir or os.path.join(build_dir, "tune"))
+    prompts = load_prompts(recipe.validation.prompts, recipe.validation.num_prompts)
+    plan = bench_plan(recipe, bench_dir, build_dir=build_dir, prompts=prompts, draft_lens=ks)
+    if dry_run:
+        if as_json:
+            click.echo(json.dumps(plan.to_dict(), indent=2))
+        else:
+            out.print(plan.describe(), markup=False, highlight=False, end="")
+        return
+    run_bench(plan, on_command=None if as_json else lambda argv: out.print(f"$ {' '.join(argv)}", markup=False))
+    res = read_reports(plan)
+    if as_json:
+        click.echo(json.dumps(res.to_dict(), indent=2))
+        return
+    table = Table(title=f"trtspec tune --trtllm ({recipe.name}, trtllm-bench, baseline {res.baseline_tok_s:.1f} "
+                        "output tok/s)")
+    for col in ("max_draft_len", "α at k", "E[tokens/pass]", "cost/pass (target steps)", "measured speedup"):
+        table.add_column(col, justify="right")
+    for r in res.rows:
+        mark = " ◀" if r.k == res.recommended_k else ""
+        table.add_row(str(r.k), "-", f"{r.expected_tokens_per_pass:.2f}", f"{r.cost_per_pass:.2f}",
+                      f"{r.expected_speedup:.2f}×{mark}")
+    out.print(table)
+    out.print(f"[bold]recommended max_draft_len: {res.recommended_k}[/]"
+              + (" (speculation does not pay here: keep ordinary decoding)" if res.recommended_k == 0 else ""))

@@ -1,23 +1,22 @@
 """Calibration and evaluation text, tokenized into fixed-length windows.
 
 * calibration ``builtin``: the *train* split of the Python stdlib corpus the tiny pair was trained
-  on (``trtspec.checkpoints.tiny.corpus_split``), files spread evenly over the corpus;
-* calibration from a file: ``.jsonl`` (objects with ``text``/``prompt``, or strings) or any other
-  text file (used whole);
-* evaluation (quality report): the *held-out* split, never used for calibration.
+  on (``trtspec.corpus.corpus_split``), files spread evenly over the corpus;
+* calibration from any other source of :mod:`trtspec.calib_sources` (a named or Hugging Face
+  dataset, a local dataset folder, a ``.jsonl``/text file): its calibration rows;
+* evaluation (quality report): the *held-out* part of the same source, never used for calibration.
 """
 
 from __future__ import annotations
 
 import hashlib
-import pathlib
 from dataclasses import dataclass
 
 import torch
 
 from trtspec.errors import ConfigError
-from trtspec.prompts import parse_text_jsonl
-from trtspec.corpus import corpus_split
+from trtspec.prompts import stdlib_snippets
+from trtspec import calib_sources as sources
 
 FIELD = "quantization.calibration.dataset"
 
@@ -60,32 +59,20 @@ def _digest(ids: torch.Tensor) -> str:
     return hashlib.sha256(ids.numpy().tobytes()).hexdigest()[:16]
 
 
-def read_text_file(path: pathlib.Path, *, field: str = FIELD) -> list[str]:
-    """Texts from ``.jsonl`` (``text``/``prompt`` fields or strings) or a plain text file."""
-    if not path.is_file():
-        raise ConfigError(field, str(path), "calibration file not found",
-                          fix="pass an existing .jsonl/.txt file, or 'builtin'")
-    raw = path.read_text(encoding="utf-8", errors="replace")
-    if not raw.strip():
-        raise ConfigError(field, str(path), "calibration file is empty",
-                          fix='add text: one JSON object per line ({"text": "..."}) or plain text')
-    if path.suffix != ".jsonl":
-        return [raw]
+def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int, *, split: str | None = None,
+                        column: str | None = None) -> TextWindows:
+    """``size`` windows of ``seq_len`` tokens from the calibration part of ``dataset`` (any
+    source of :mod:`trtspec.calib_sources`; its held-out part is never used here)."""
 
-    return parse_text_jsonl(raw, str(path), what="calibration texts")
-
-
-def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int) -> TextWindows:
-    """``size`` windows of ``seq_len`` tokens from ``dataset`` ('builtin' or a file path)."""
-    if dataset == "builtin":
-
-        train, _held = corpus_split()
-        ids = _windows(_spread(train, size), tokenizer, size, seq_len)
+    src = sources.resolve(dataset, split, column)
+    train, _held = sources.split_texts(src, calib_tokens=size * seq_len)
+    ids = _windows(_spread(train, size), tokenizer, size, seq_len)
+    if src.kind == "builtin":
         source = {"dataset": "builtin", "text": "python stdlib *.py, train split (the held-out split is never used)"}
     else:
-        path = pathlib.Path(dataset)
-        ids = _windows(read_text_file(path), tokenizer, size, seq_len)
-        source = {"dataset": str(path.resolve()), "text": f"user file ({path.suffix or 'text'})"}
+        source = {"dataset": src.value, "kind": src.kind, "text": f"{src.describe()}, calibration rows"}
+        if src.kind in ("named", "hub", "folder"):
+            source.update(split=src.split, column=src.column)
     if ids.shape[0] == 0:
         raise ConfigError(FIELD, dataset, f"the calibration text has fewer than seq_len={seq_len} tokens",
                           fix="add more text, or lower --calib-seq-len")
@@ -94,11 +81,32 @@ def calibration_windows(dataset: str, tokenizer, size: int, seq_len: int) -> Tex
     return TextWindows(ids, desc)
 
 
-def heldout_windows(tokenizer, n: int, seq_len: int) -> TextWindows:
-    """Evaluation windows from the held-out stdlib files (disjoint from calibration)."""
+def heldout_windows(tokenizer, n: int, seq_len: int, *, dataset: str = "builtin", split: str | None = None,
+                    column: str | None = None) -> TextWindows:
+    """Evaluation windows from the held-out part of the calibration source (disjoint from it)."""
 
-    _train, held = corpus_split()
+    src = sources.resolve(dataset, split, column)
+    _train, held = sources.split_texts(src, calib_tokens=0, heldout_tokens=n * seq_len)
     ids = _windows(_spread(held, n), tokenizer, n, seq_len)
-    desc = {"text": "python stdlib *.py, held-out split", "size": int(ids.shape[0]), "seq_len": seq_len,
+    if ids.shape[0] == 0:
+        raise ConfigError(FIELD, dataset, f"the held-out text has fewer than eval_seq_len={seq_len} tokens",
+                          fix="use a larger calibration source, or lower --eval-seq-len")
+    desc = {"text": sources.heldout_description(src), "size": int(ids.shape[0]), "seq_len": seq_len,
             "tokens": int(ids.numel()), "sha256_16": _digest(ids)}
     return TextWindows(ids, desc)
+
+
+def heldout_prompts(n: int, *, dataset: str = "builtin", split: str | None = None,
+                    column: str | None = None) -> tuple[list[str], str]:
+    """``n`` prompt texts for the acceptance measurement, from the held-out part of the source,
+    and what they are."""
+
+    src = sources.resolve(dataset, split, column)
+    if src.kind == "builtin":
+
+        return stdlib_snippets(n), "builtin:stdlib (held-out)"
+    _train, held = sources.split_texts(src, calib_tokens=0, heldout_tokens=n * 256)
+    if not held:
+        raise ConfigError(FIELD, dataset, "no held-out text for the acceptance prompts",
+                          fix="use a larger calibration source")
+    return [held[i % len(held)] for i in range(n)], f"held-out rows of {src.describe()}"

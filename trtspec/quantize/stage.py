@@ -39,7 +39,7 @@ import torch
 from trtspec.config import Calibration, ModelSpec, Quantization
 from trtspec.errors import ConfigError, ModelError, StageError
 from trtspec.manifest import atomic_dir, hash_folder, hash_json, maybe_manifest, write_manifest
-from trtspec.quantize.calib import calibration_windows, heldout_windows, read_text_file
+from trtspec.quantize.calib import calibration_windows, heldout_prompts, heldout_windows
 from trtspec.quantize.formats import (
     EXPORTS,
     FORMATS,
@@ -51,7 +51,7 @@ from trtspec.quantize.formats import (
 )
 from trtspec.quantize.quality import QualitySettings, acceptance, compare_logits
 from trtspec.speculative.model import SUPPORTED_ARCHS, ModelArgs, load_causal_lm, read_hf_config
-from trtspec.prompts import stdlib_snippets
+from trtspec import calib_sources as sources
 
 EAGLE3_ARCH = "LlamaForCausalLMEagle3"  # trtspec.speculative.eagle3.ARCHITECTURE (not imported: cheap validation)
 
@@ -141,8 +141,13 @@ def _resolve_dtype(dtype: str, cfg: dict) -> str:
 
 
 def _check_calibration(cal: Calibration) -> None:
-    if cal.dataset != "builtin":
-        read_text_file(pathlib.Path(cal.dataset))  # missing/empty/bad JSONL fail here, before any work
+    """An unknown source, a missing file, split or column, bad JSONL or an uncached dataset
+    offline fail here, before any model is loaded."""
+
+    src = sources.resolve(cal.dataset, cal.split, cal.column)
+    if src.kind != "builtin" and next(sources.iter_texts(src), None) is None:
+        raise ConfigError(sources.FIELD, cal.dataset, "the calibration source has no text",
+                          fix="name a source with text rows")
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,23 +226,31 @@ def _export(qmodel, export: str, tmp: pathlib.Path, *, model_dir: pathlib.Path, 
 
 
 def make_quantization(
-    format: str, kv_cache: str = "none", *, calib: str = "builtin", calib_size: int = 64,
-    calib_seq_len: int = 128, force: bool = False,
+    format: str, kv_cache: str = "none", *, calib: str = "builtin", calib_size: int | None = None,
+    calib_seq_len: int | None = None, calib_split: str | None = None, calib_column: str | None = None,
+    force: bool = False,
 ) -> Quantization:
     """A validated :class:`trtspec.config.Quantization` from plain values (CLI, scripts);
-    problems raise ``ConfigError`` naming the recipe field."""
+    problems raise ``ConfigError`` naming the recipe field. Sizes left ``None`` take the
+    source's default (ModelOpt's 512 x 512; 64 x 128 for builtin)."""
     from pydantic import ValidationError
 
     check_format(format)
     check_kv_cache(kv_cache)
+    given = {"dataset": calib, "size": calib_size, "seq_len": calib_seq_len, "split": calib_split,
+             "column": calib_column}
     try:
         return Quantization(format=format, kv_cache=kv_cache, force=force,
-                            calibration=Calibration(dataset=calib, size=calib_size, seq_len=calib_seq_len))
+                            calibration=Calibration(**{k: v for k, v in given.items() if v is not None}))
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
-        name = {"size": "calib_size", "seq_len": "calib_seq_len"}.get(str(err["loc"][-1]), str(err["loc"][-1]))
-        raise ConfigError(f"quantization.calibration.{err['loc'][-1]}", err.get("input"), err["msg"],
-                          fix=f"check --{name.replace('_', '-')}") from None
+        name = {"size": "calib_size", "seq_len": "calib_seq_len", "dataset": "calib", "split": "calib_split",
+                "column": "calib_column"}.get(str(err["loc"][-1]) if err["loc"] else "dataset", "calib")
+        if not err["loc"]:  # a model-level check (the dataset value)
+            raise ConfigError("quantization.calibration.dataset", calib, err["msg"].removeprefix("Value error, "),
+                              fix="check --calib") from None
+        raise ConfigError(f"quantization.calibration.{err['loc'][-1]}", err.get("input"),
+                          err["msg"].removeprefix("Value error, "), fix=f"check --{name.replace('_', '-')}") from None
 
 
 def quantize_model(
@@ -330,6 +343,7 @@ def quantize_model(
     timings: dict[str, float] = {}
     tok_dir = pathlib.Path(tokenizer) if tokenizer else (pair_dir if is_head else model_dir)
     work = (_HeadWork if is_head else _ModelWork)(model_dir, pair_dir, tok_dir, DTYPES[dtype], dev, log)
+    work.cal = quantization.calibration  # the quality report evaluates on the same source's held-out text
     try:
         from trtspec.quantize.runtime import prepare_modelopt, quiet  # lazy: trtspec.quantize.runtime imports the package trtspec.quantize, whose __init__ imports this module
 
@@ -345,7 +359,8 @@ def quantize_model(
 
             work.load()
             cal = quantization.calibration
-            calib = calibration_windows(cal.dataset, work.tok, cal.size, cal.seq_len)
+            calib = calibration_windows(cal.dataset, work.tok, cal.size, cal.seq_len, split=cal.split,
+                                        column=cal.column)
         if progress:
             progress("load", 1, 1, {})
         phase("load_s", t0)
@@ -422,9 +437,13 @@ def quantize_spec(
                           gpu_arch=gpu_arch, tokenizer=spec.tokenizer, **kwargs)
 
 
-def _prompts(tok, s: QualitySettings) -> list[list[int]]:
+def _source(cal: Calibration) -> dict:
+    return {"dataset": cal.dataset, "split": cal.split, "column": cal.column}
 
-    return [tok(p, add_special_tokens=False)["input_ids"][: s.prompt_tokens] for p in stdlib_snippets(s.prompts)]
+
+def _prompts(tok, s: QualitySettings, cal: Calibration) -> tuple[list[list[int]], str]:
+    texts, what = heldout_prompts(s.prompts, **_source(cal))
+    return [tok(p, add_special_tokens=False)["input_ids"][: s.prompt_tokens] for p in texts], what
 
 
 class _ModelWork:
@@ -454,7 +473,7 @@ class _ModelWork:
         base = load_causal_lm(self.model_dir, dtype=self.dtype, device=self.dev)
         quant = causal_lm_from_quantized(self.q, ModelArgs.from_hf_config(cfg)).to(self.dev)
         with quiet(self.log):
-            held = heldout_windows(self.tok, s.eval_windows, s.eval_seq_len)
+            held = heldout_windows(self.tok, s.eval_windows, s.eval_seq_len, **_source(self.cal))
         report: dict = {"heldout": held.description, "settings": s.to_dict()}
         report.update(compare_logits(base, quant, held.ids.to(self.dev), batch_size=s.batch_size, progress=progress))
         # our runtime's fake-quant against ModelOpt's own (the HF model it calibrated), same input
@@ -466,8 +485,8 @@ class _ModelWork:
         if self.pair_dir is not None:
             pair = load_causal_lm(self.pair_dir, dtype=self.dtype, device=self.dev)
             with quiet(self.log):
-                prompts = _prompts(self.tok, s)
-            report["acceptance"] = {"pair": str(self.pair_dir.resolve()), "prompts": "builtin:stdlib (held-out)",
+                prompts, what = _prompts(self.tok, s, self.cal)
+            report["acceptance"] = {"pair": str(self.pair_dir.resolve()), "prompts": what,
                                     **acceptance(quantized_role=role, base=base, quant=quant, pair=pair,
                                                  prompts=prompts, settings=s, windows=held.ids.to(self.dev),
                                                  progress=progress)}
@@ -512,8 +531,8 @@ class _HeadWork:
         base = eagle3_head.load_head(self.model_dir, self.target, self.dtype, self.dev)
         quant = eagle3_head.head_from_quantized(self.q, self.target, self.model_dir)
         with quiet(self.log):
-            held = heldout_windows(self.tok, s.eval_windows, s.eval_seq_len)
-            prompts = _prompts(self.tok, s)
+            held = heldout_windows(self.tok, s.eval_windows, s.eval_seq_len, **_source(self.cal))
+            prompts, what = _prompts(self.tok, s, self.cal)
         report: dict = {"heldout": held.description, "settings": s.to_dict(),
                         "metrics_of": "the head's step-0 draft distribution, teacher-forced on target features"}
         ids = held.ids.to(self.dev)
@@ -525,7 +544,7 @@ class _HeadWork:
         report["runtime_vs_modelopt_max_abs_diff"] = float((ref - ours).abs().max())
         if progress:
             progress("acceptance", 0, 1, {})
-        report["acceptance"] = {"pair": str(self.pair_dir.resolve()), "prompts": "builtin:stdlib (held-out)",
+        report["acceptance"] = {"pair": str(self.pair_dir.resolve()), "prompts": what,
                                 **eagle3_head.head_acceptance(self.target, base, quant, prompts, s)}
         if progress:
             progress("acceptance", 1, 1, {})

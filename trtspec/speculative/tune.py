@@ -22,16 +22,8 @@ import torch
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import Step
 from trtspec.speculative.sampling import SamplingParams
-from trtspec.acceptance import break_even_acceptance, expected_speedup, expected_tokens
+from trtspec.acceptance import TuneRow, break_even_acceptance, expected_speedup, expected_tokens
 from trtspec.speculative.stats import Aggregate
-
-
-@dataclass
-class TuneRow:
-    k: int
-    expected_tokens_per_pass: float
-    cost_per_pass: float  # in units of one ordinary target step
-    expected_speedup: float
 
 
 @dataclass

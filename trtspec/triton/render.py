@@ -43,6 +43,7 @@ from trtspec.manifest import maybe_manifest
 from trtspec.trtllm.build import plan_build
 from trtspec.trtllm.handoff import KIND, TrtllmBuild
 from trtspec.config import recipe_to_dict
+from trtspec.hub import resolve_recipe
 
 TEMPLATES = templates_dir()
 RUNTIME_SPEC_FILE = "runtime_spec.json"
@@ -571,6 +572,9 @@ def package(
     build_dir: str | os.PathLike | None = None,
     overwrite: bool = False,
 ) -> RenderedRepository:
-    """``trtspec package``: recipe → rendered, self-describing Triton model repository."""
+    """``trtspec package``: recipe → rendered, self-describing Triton model repository.
+    Hub-id models (trtspec.hub) are packaged from their snapshot folders."""
+
+    recipe, _resolved, _ = resolve_recipe(recipe, download=True)
     inp = inputs_from_recipe(recipe, target=target, draft=draft, build_dir=build_dir)
     return render_repository(inp, out, overwrite=overwrite)

@@ -269,6 +269,26 @@ LLM_ARGS_KEYS = frozenset({
     "disable_overlap_scheduler",  # TorchLlmArgs
 })
 
+# Further BaseLlmArgs / TorchLlmArgs fields (the same file, a 1.x copy read for issue 22): keys a
+# recipe may pass through runtime.trtllm.llm_api_options. trtspec writes none of them itself.
+LLM_API_PASSTHROUGH_KEYS = frozenset({
+    # BaseLlmArgs
+    "tokenizer_mode", "skip_tokenizer_init", "revision", "tokenizer_revision", "context_parallel_size",
+    "gpus_per_node", "moe_cluster_parallel_size", "moe_tensor_parallel_size", "moe_expert_parallel_size",
+    "enable_attention_dp", "enable_lm_head_tp_in_adp", "cp_config", "load_format",
+    "fail_fast_on_attention_window_too_large", "enable_lora", "lora_config", "guided_decoding_backend",
+    "iter_stats_max_iterations", "request_stats_max_iterations", "peft_cache_config", "scheduler_config",
+    "cache_transceiver_config", "sparse_attention_config", "gather_generation_logits", "num_postprocess_workers",
+    "postprocess_tokenizer_dir", "reasoning_parser", "return_perf_metrics", "orchestrator_type",
+    # TorchLlmArgs
+    "garbage_collection_gen0_threshold", "cuda_graph_config", "attention_dp_config", "moe_config", "attn_backend",
+    "sampler_type", "enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log", "perf_metrics_max_requests",
+    "batch_wait_timeout_ms", "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "torch_compile_config",
+    "enable_autotuner", "enable_layerwise_nvtx_marker", "enable_min_latency", "stream_interval",
+    "force_dynamic_quantization", "allreduce_strategy", "checkpoint_format", "kv_connector_config",
+    "mm_encoder_only", "ray_worker_extension_cls",
+})
+
 KV_CACHE_CONFIG_KEYS = frozenset({
     "enable_block_reuse", "max_tokens", "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks",
     "enable_partial_reuse", "copy_on_partial_reuse", "dtype", "tokens_per_block", "max_attention_window",
@@ -307,6 +327,44 @@ PYTORCH_DECODING_TYPES = frozenset({"Eagle3", "Eagle", "DraftTarget", "NGram", "
 # LLM() kwargs plus a triton_config block.
 TRITON_LLMAPI_EXTRA_KEYS = frozenset({"triton_config"})
 TRITON_CONFIG_KEYS = frozenset({"max_batch_size", "decoupled"})
+
+
+# trtllm-bench (tensorrt_llm/commands/bench.py global options + tensorrt_llm/bench/benchmark/throughput.py
+# @000a01de66f0): `trtllm-bench --model M [--model_path P] throughput FLAGS`, used by `trtspec tune --trtllm`
+TRTLLM_BENCH_SOURCE = "tensorrt_llm/bench/benchmark/throughput.py @000a01de66f0"
+TRTLLM_BENCH_GLOBAL_FLAGS = frozenset({"--model", "--model_path", "--workspace", "--log_level"})
+TRTLLM_BENCH_THROUGHPUT_FLAGS = frozenset({
+    "--engine_dir", "--backend", "--extra_llm_api_options", "--max_batch_size", "--max_num_tokens", "--max_seq_len",
+    "--beam_width", "--kv_cache_free_gpu_mem_fraction", "--dataset", "--eos_id", "--modality", "--max_input_len",
+    "--num_requests", "--warmup", "--target_input_len", "--target_output_len", "--tp", "--pp", "--ep",
+    "--cluster_size", "--concurrency", "--streaming", "--report_json", "--iteration_log", "--output_json",
+    "--request_json", "--enable_chunked_context", "--scheduler_policy",
+})
+
+
+# tritonserver options, from `tritonserver --help` of the server nvidia-pytriton 0.7.0 bundles
+# (Triton 2.51); serving.tritonserver_args is checked against them
+TRITONSERVER_SOURCE = "tritonserver --help (Triton 2.51, bundled with nvidia-pytriton 0.7.0)"
+TRITONSERVER_FLAGS = frozenset("""
+--allow-cpu-metrics --allow-gpu-metrics --allow-grpc --allow-http --allow-metrics --allow-sagemaker
+--allow-vertex-ai --backend-config --backend-directory --buffer-manager-thread-count --cache-config
+--cache-directory --cuda-memory-pool-byte-size --cuda-virtual-address-size --disable-auto-complete-config
+--enable-peer-access --exit-on-error --exit-timeout-secs --grpc-address --grpc-header-forward-pattern
+--grpc-http2-max-ping-strikes --grpc-http2-max-pings-without-data --grpc-http2-min-recv-ping-interval-without-data
+--grpc-infer-allocation-pool-size --grpc-infer-response-compression-level --grpc-keepalive-permit-without-calls
+--grpc-keepalive-time --grpc-keepalive-timeout --grpc-max-connection-age --grpc-max-connection-age-grace
+--grpc-port --grpc-restricted-protocol --grpc-root-cert --grpc-server-cert --grpc-server-key --grpc-use-ssl
+--grpc-use-ssl-mutual --host-policy --http-address --http-header-forward-pattern --http-port
+--http-restricted-api --http-thread-count --id --load-model --log-error --log-file --log-format --log-info
+--log-verbose --log-warning --metrics-address --metrics-config --metrics-interval-ms --metrics-port
+--min-supported-compute-capability --model-config-name --model-control-mode --model-load-gpu-limit
+--model-load-retry-count --model-load-thread-count --model-namespacing --model-repository --model-store
+--pinned-memory-pool-byte-size --rate-limit --rate-limit-resource --repoagent-directory --repository-poll-secs
+--response-cache-byte-size --reuse-grpc-port --reuse-http-port --sagemaker-port --sagemaker-safe-port-range
+--sagemaker-thread-count --strict-model-config --strict-readiness --trace-config --trace-count --trace-file
+--trace-level --trace-log-frequency --trace-rate --vertex-ai-default-model --vertex-ai-port
+--vertex-ai-thread-count
+""".split())
 
 
 # --------------------------------------------------------------------------------------------
@@ -370,7 +428,7 @@ def check_llm_api(options: Mapping, *, triton_model_yaml: bool = False) -> list[
     llmapi ``model.yaml`` when ``triton_model_yaml``): unknown keys at any level, an unknown
     ``decoding_type`` or one the PyTorch backend does not run."""
     problems: list[str] = []
-    allowed = LLM_ARGS_KEYS | (TRITON_LLMAPI_EXTRA_KEYS if triton_model_yaml else frozenset())
+    allowed = LLM_ARGS_KEYS | LLM_API_PASSTHROUGH_KEYS | (TRITON_LLMAPI_EXTRA_KEYS if triton_model_yaml else frozenset())
     for key in options:
         if key not in allowed:
             problems.append(f"LLM-API: unknown key {key!r} ({LLM_ARGS_SOURCE})")
@@ -399,5 +457,6 @@ def check_llm_api(options: Mapping, *, triton_model_yaml: bool = False) -> list[
 # This project's own `trtspec quantize` (issue 6's CLI shape) which the PyTorch flow's quantize
 # stage runs; the tests hold it against trtspec.cli once that command exists.
 TRTSPEC_QUANTIZE_FLAGS = frozenset({
-    "--model", "--format", "--kv-cache", "--calib", "--calib-size", "--calib-seq-len", "--export", "-o",
+    "--model", "--format", "--kv-cache", "--calib", "--calib-split", "--calib-column", "--calib-size",
+    "--calib-seq-len", "--export", "-o",
 })

@@ -32,6 +32,7 @@ from trtspec.versions import (
     pytorch_flow_supported,
     release_line,
 )
+from trtspec.hub import resolve_recipe
 
 _DETECT = object()
 CONTAINER_HINT = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3 (TensorRT-LLM 1.2.1)"
@@ -53,11 +54,20 @@ def with_examples_dir(recipe: Recipe, examples_dir: str | os.PathLike) -> Recipe
     return recipe.model_copy(update={"runtime": recipe.runtime.model_copy(update={"trtllm": t})})
 
 
-def plan_build(recipe: Recipe, out_dir: str | os.PathLike) -> Plan:
+def plan_build(recipe: Recipe, out_dir: str | os.PathLike, *, download: bool = False) -> Plan:
     """The plan for ``recipe`` writing under ``out_dir`` (made absolute). Reads at most the
-    target's config.json (model family); never needs TensorRT-LLM."""
+    target's config.json (model family); never needs TensorRT-LLM. Hub-id models become their
+    snapshot folders in the Hugging Face cache (trtspec.hub); ``download=False`` (--dry-run)
+    leaves one that is not cached as its id, with a note."""
+    from dataclasses import replace
+
+
+    recipe, _resolved, missing = resolve_recipe(recipe, download=download, keep_missing=not download)
     family = detect_family(recipe) if recipe.runtime.trtllm.model_family == "auto" else None
-    return make_plan(recipe, pathlib.Path(out_dir).resolve(), family=family)
+    plan = make_plan(recipe, pathlib.Path(out_dir).resolve(), family=family)
+    notes = tuple(f"{f}: {e.value} is not in the Hugging Face cache; `trtspec build` without --dry-run downloads it "
+                  "(HF_TOKEN from the environment)" for f, e in missing.items())
+    return replace(plan, notes=plan.notes + notes) if notes else plan
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,7 +204,7 @@ def build(
 ) -> BuildResult:
     """Run the build. ``installed_version``: the TensorRT-LLM release to gate on (default: the one
     importable here, None when there is none)."""
-    plan = plan_build(recipe, out_dir)
+    plan = plan_build(recipe, out_dir, download=True)
     installed = installed_trtllm_version() if installed_version is _DETECT else installed_version
     version_gate(plan.runtime, plan.trtllm_version, installed)
     preflight(plan, env=env)

@@ -1,12 +1,14 @@
 """Calibration data for TRT-LLM's quantize scripts, from the recipe's ``calibration`` block.
 
-The scripts take an HF dataset name or a local dataset folder (``train`` split, ``text`` column;
-``quantize_by_modelopt.get_calib_dataloader``) and cut each row at ``--calib_max_seq_length``
-tokens. This writes ``<out>/train.jsonl`` so the engine flow calibrates on the same text as
-``trtspec quantize``: ``builtin`` is the train split of the Python stdlib corpus
-(``trtspec.checkpoints.tiny.corpus_split``; nothing is downloaded), a file is ``.jsonl`` (``text`` or
-``prompt`` per line) or plain text. The text is cut into ``size`` rows long enough to fill
-``seq_len`` tokens, the way ``trtspec quantize`` cuts token windows.
+TRT-LLM 1.2's ``quantize.py --calib_dataset`` (``tensorrt_llm/quantization/quantize_by_modelopt.py``
+``get_calib_dataloader``, read at NVIDIA/TensorRT-LLM@585c756579dc) takes ``cnn_dailymail``
+(``load_dataset(name, "3.0.0", split="train")``, column ``article``), ``pileval`` (from a URL
+that no longer serves it) or a local folder read as ``load_dataset(DIR, split="train")["text"]``,
+and cuts each row at ``--calib_max_seq_length`` tokens. The plan passes ``cnn_dailymail`` by name;
+every other source (``builtin``, ``pileval``, a Hugging Face id, a local dataset folder, a file)
+goes through this module, which writes ``<out>/train.jsonl`` from the source's *calibration* rows
+(:mod:`trtspec.calib_sources`: the held-out rows stay out, as in ``trtspec quantize``), cut into
+``size`` rows long enough to fill ``seq_len`` tokens.
 
 Run as a build stage inside the container: ``python3 -m trtspec.trtllm.calibration``.
 """
@@ -18,35 +20,24 @@ import json
 import pathlib
 import sys
 
+from trtspec import calib_sources
 from trtspec.errors import ConfigError
-from trtspec.prompts import parse_text_jsonl
-from trtspec.corpus import corpus_split
 
-FIELD = "quantization.calibration.dataset"
+FIELD = calib_sources.FIELD
 # characters per row: generous for ~3-4 characters per token, so truncation, not padding, ends a row
-CHARS_PER_TOKEN = 6
+CHARS_PER_TOKEN = calib_sources.CHARS_PER_TOKEN
 
 
-def _read(source: str) -> list[str]:
-    if source == "builtin":
-
-        train, _held = corpus_split()
-        return train
-    path = pathlib.Path(source)
-    if not path.is_file():
-        raise ConfigError(FIELD, source, "calibration file not found", fix="pass an existing .jsonl/.txt file, or builtin")
-    raw = path.read_text(encoding="utf-8", errors="replace")
-    if not raw.strip():
-        return []
-    if path.suffix != ".jsonl":
-        return [raw]
-
-    return parse_text_jsonl(raw, str(path), what="calibration texts")
+def _read(source: str, size: int, seq_len: int, split: str | None = None, column: str | None = None) -> list[str]:
+    src = calib_sources.resolve(source, split, column)
+    train, _held = calib_sources.split_texts(src, calib_tokens=size * seq_len)
+    return train
 
 
-def calibration_rows(source: str, size: int, seq_len: int) -> list[str]:
+def calibration_rows(source: str, size: int, seq_len: int, *, split: str | None = None,
+                     column: str | None = None) -> list[str]:
     """Up to ``size`` rows of about ``seq_len`` tokens each, cut from the source text in order."""
-    texts = _read(source)
+    texts = _read(source, size, seq_len, split, column)
     if not texts:
         raise ConfigError(FIELD, source, "no calibration text", fix="use builtin or a non-empty file")
     width = seq_len * CHARS_PER_TOKEN
@@ -65,9 +56,10 @@ def calibration_rows(source: str, size: int, seq_len: int) -> list[str]:
     return rows
 
 
-def write_dataset(source: str, size: int, seq_len: int, out_dir: str | pathlib.Path) -> pathlib.Path:
+def write_dataset(source: str, size: int, seq_len: int, out_dir: str | pathlib.Path, *, split: str | None = None,
+                  column: str | None = None) -> pathlib.Path:
     """Write ``out_dir/train.jsonl`` (one ``{"text": ...}`` per row); returns its path."""
-    rows = calibration_rows(source, size, seq_len)
+    rows = calibration_rows(source, size, seq_len, split=split, column=column)
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "train.jsonl"
@@ -80,13 +72,16 @@ def write_dataset(source: str, size: int, seq_len: int, out_dir: str | pathlib.P
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python3 -m trtspec.trtllm.calibration",
                                 description="Write TRT-LLM calibration data (train.jsonl) from a trtspec recipe source.")
-    p.add_argument("--source", required=True, help="builtin, or a .jsonl/.txt file")
+    p.add_argument("--source", required=True,
+                   help="builtin, pileval, a Hugging Face dataset id, a local dataset folder, or a .jsonl/.txt file")
+    p.add_argument("--split", default=None, help="dataset split (default: the named dataset's, else train)")
+    p.add_argument("--column", default=None, help="text column (default: the named dataset's, else text)")
     p.add_argument("--size", required=True, type=int, help="number of rows (calibration samples)")
     p.add_argument("--seq-len", required=True, type=int, help="tokens per row (quantize.py --calib_max_seq_length)")
     p.add_argument("--output", required=True, help="folder to write train.jsonl into")
     a = p.parse_args(argv)
     try:
-        write_dataset(a.source, a.size, a.seq_len, a.output)
+        write_dataset(a.source, a.size, a.seq_len, a.output, split=a.split, column=a.column)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -70,8 +70,8 @@ SPECULATIVE_DECODING_MODE = {
 
 @dataclass(frozen=True)
 class Calibration:
-    """Calibration data as the TRT-LLM quantize scripts take it: an HF dataset name or a local
-    dataset folder (``train`` split, ``text`` column)."""
+    """Calibration data as the TRT-LLM quantize scripts take it: a dataset name they know
+    (``cnn_dailymail``) or a local dataset folder (``train`` split, ``text`` column)."""
 
     dataset: str
     size: int
@@ -296,6 +296,8 @@ def trtspec_quantize_argv(
     kv_cache: str,
     calib_file: str | None,
     calib_size: int,
+    calib_split: str | None = None,
+    calib_column: str | None = None,
     calib_seq_len: int,
     output_dir: str,
 ) -> list[str]:
@@ -306,6 +308,10 @@ def trtspec_quantize_argv(
         argv += ["--kv-cache", kv_cache]
     if calib_file is not None:
         argv += ["--calib", calib_file]
+    if calib_split:
+        argv += ["--calib-split", calib_split]
+    if calib_column:
+        argv += ["--calib-column", calib_column]
     argv += ["--calib-size", str(calib_size), "--calib-seq-len", str(calib_seq_len), "--export", "hf", "-o", output_dir]
     return argv
 

@@ -6,7 +6,8 @@ prints it and the golden tests compare it. :mod:`trtspec.trtllm.build` executes 
 
 Layout under the output folder (the Triton packager expects the engine names)::
 
-    calib/              calibration text for TRT-LLM's quantize scripts (train.jsonl)
+    calib/              calibration text for TRT-LLM's quantize scripts (train.jsonl); none for
+                        cnn_dailymail, which quantize.py reads by name
     target-ckpt/        TRT-LLM checkpoint of the target (quantize.py, or convert_checkpoint.py)
     target-engine/      trtllm-build output; drafts by itself for eagle/medusa/lookahead
     draft-ckpt/ draft-engine/          draft-target
@@ -27,9 +28,11 @@ from typing import Any
 from trtspec.config import Eagle, Lookahead, Medusa, ModelSpec, NGram, Recipe, recipe_to_dict
 from trtspec.errors import ConfigError
 from trtspec.manifest import hash_json
+from trtspec.passthrough import build_argv_tail, merge_llm_api_options, recipe_warnings
 from trtspec.trtllm import commands as C
 from trtspec.trtllm import llmapi
 from trtspec.trtllm.handoff import TrtllmBuild
+from trtspec.calib_sources import NAMED
 
 LLMAPI_DIR = "llmapi"
 EXTRA_OPTIONS = "extra_llm_api_options.yaml"
@@ -109,7 +112,7 @@ class _Builder:
         self.family_hint = family
         self.stages: list[Stage] = []
         self.notes: list[str] = []
-        self._calib: dict[tuple[str, int], str] = {}
+        self._calib: dict[tuple, str] = {}
 
     def path(self, name: str) -> str:
         return str(self.out / name)
@@ -138,21 +141,34 @@ class _Builder:
             )
         return fam
 
-    def calibration(self, spec: ModelSpec) -> tuple[C.Calibration, str]:
-        """(what quantize.py gets, the calibration stage id); one stage per (source, size)."""
+    def calibration(self, spec: ModelSpec) -> tuple[C.Calibration, str | None]:
+        """(what quantize.py gets, the calibration stage id or None). ``cnn_dailymail`` goes to
+        quantize.py by name (its own loader reads it); every other source becomes a local folder
+        with a train split and a text column, one stage per (source, split, column, sizes)."""
+
         cal = spec.quantization.calibration
-        key = (cal.dataset, cal.size, cal.seq_len)
+        named = NAMED.get(cal.dataset)
+        if named is not None and named.trtllm_native and cal.split in (None, named.split) \
+                and cal.column in (None, named.column):
+            return C.Calibration(cal.dataset, cal.size, cal.seq_len), None
+        key = (cal.dataset, cal.split, cal.column, cal.size, cal.seq_len)
         if key not in self._calib:
             sid = "calib" if not self._calib else f"calib-{len(self._calib) + 1}"
             out = self.path(sid)
+            extra: tuple[str, ...] = ()
+            if cal.split:
+                extra += ("--split", cal.split)
+            if cal.column:
+                extra += ("--column", cal.column)
+            local = cal.dataset.startswith("/")
             self.add(Stage(
                 id=sid,
                 title=f"calibration text ({cal.dataset}, {cal.size} samples x {cal.seq_len} tokens)",
                 role="calibration",
                 output=out,
-                commands=((C.PYTHON, "-m", "trtspec.trtllm.calibration", "--source", cal.dataset,
+                commands=((C.PYTHON, "-m", "trtspec.trtllm.calibration", "--source", cal.dataset, *extra,
                            "--size", str(cal.size), "--seq-len", str(cal.seq_len), "--output", out),),
-                inputs=() if cal.dataset == "builtin" else (cal.dataset,),
+                inputs=(cal.dataset,) if local else (),
                 expect=("train.jsonl",),
             ))
             self._calib[key] = sid
@@ -176,7 +192,7 @@ class _Builder:
             )
             kv = "" if q.kv_cache == "none" else f", KV {q.kv_cache}"
             return self.add(Stage(sid, f"quantize {role} ({q.format}{kv}) → TRT-LLM checkpoint", role, out,
-                                  (tuple(argv),), inputs=(spec.model,), after=(cid,), expect=_ckpt_expect(tp * pp)))
+                                  (tuple(argv),), inputs=(spec.model,), after=_ids(cid), expect=_ckpt_expect(tp * pp)))
         argv = C.convert_argv(self.t.examples_dir, self.family, model_dir=spec.model, output_dir=out,
                               dtype=self.t.checkpoint_dtype, tp_size=tp, pp_size=pp)
         return self.add(Stage(sid, f"convert {role} ({self.family}, {self.t.checkpoint_dtype}) → TRT-LLM checkpoint",
@@ -191,10 +207,14 @@ class _Builder:
             max_seq_len=self.lim.max_seq_len, max_num_tokens=self.t.max_num_tokens,
             speculative_decoding_mode=mode, max_draft_len=self.r.max_draft_len,
             gather_generation_logits=gather_logits, world_size=world,
-        )
+        ) + build_argv_tail(self.t.build_args)
         what = f"speculative_decoding_mode {mode}, max_draft_len {self.r.max_draft_len}" if mode else "plain"
         return self.add(Stage(sid, f"trtllm-build {role} engine ({what})", role, out, (tuple(argv),),
                               after=(ckpt.id,), expect=_engine_expect(world)))
+
+
+def _ids(*ids: str | None) -> tuple[str, ...]:
+    return tuple(i for i in ids if i)
 
 
 def _gpu_ids(recipe: Recipe, world: int, draft_tp: int | None) -> tuple[list[int], list[int] | None]:
@@ -268,7 +288,7 @@ def _engine_flow(b: _Builder) -> dict[str, Any]:
                                              output_dir=b.path("eagle-quant"),
                                              kv_cache_dtype=None if q.kv_cache == "none" else q.kv_cache,
                                              calib=calib)),),
-                inputs=(r.target.model, s.head.model), after=(cid,), expect=("config.json", "hf_quant_config.json"),
+                inputs=(r.target.model, s.head.model), after=_ids(cid), expect=("config.json", "hf_quant_config.json"),
             ))
             argv = C.eagle_convert_argv(t.examples_dir, model_dir=uq.output, eagle_model_dir=None, **eagle_args)
             ckpt = b.add(Stage("target-ckpt", "convert the ModelOpt EAGLE checkpoint (single-checkpoint path)",
@@ -303,7 +323,7 @@ def _engine_flow(b: _Builder) -> dict[str, Any]:
             )
             kv = "" if q.kv_cache == "none" else f", KV {q.kv_cache}"
             ckpt = b.add(Stage("target-ckpt", f"quantize target ({q.format}{kv}) + Medusa heads → TRT-LLM checkpoint",
-                               "target", out, (tuple(argv),), inputs=(r.target.model, s.head.model), after=(cid,),
+                               "target", out, (tuple(argv),), inputs=(r.target.model, s.head.model), after=_ids(cid),
                                expect=_ckpt_expect(world)))
         else:
             if t.checkpoint_dtype == "auto":
@@ -343,10 +363,11 @@ def _pytorch_flow(b: _Builder) -> dict[str, Any]:
         cal = q.calibration
         argv = C.trtspec_quantize_argv(model=spec.model, fmt=q.format, kv_cache=q.kv_cache,
                                        calib_file=None if cal.dataset == "builtin" else cal.dataset,
+                                       calib_split=cal.split, calib_column=cal.column,
                                        calib_size=cal.size, calib_seq_len=cal.seq_len, output_dir=out)
         kv = "" if q.kv_cache == "none" else f", KV {q.kv_cache}"
         b.add(Stage(sid, f"quantize {role} ({q.format}{kv}) → unified HF checkpoint", role, out, (tuple(argv),),
-                    inputs=(spec.model,) + (() if cal.dataset == "builtin" else (cal.dataset,)),
+                    inputs=(spec.model,) + ((cal.dataset,) if cal.dataset.startswith("/") else ()),
                     expect=("config.json",)))
         quantized[role] = out
         return out
@@ -355,8 +376,10 @@ def _pytorch_flow(b: _Builder) -> dict[str, Any]:
     spec_model = None
     if r.draft_spec is not None:
         spec_model = export("draft" if s.method == "draft_target" else "head", r.draft_spec)
-    spec_opts = llmapi.llm_api_options(r, model=model, speculative_model=spec_model)
-    base_opts = llmapi.llm_api_baseline(r, model=model)
+    # runtime.trtllm.llm_api_options: the recipe's passthrough, into both deployments
+    spec_opts = merge_llm_api_options(llmapi.llm_api_options(r, model=model, speculative_model=spec_model),
+                                      t.llm_api_options)
+    base_opts = merge_llm_api_options(llmapi.llm_api_baseline(r, model=model), t.llm_api_options)
     yaml_path = str(b.out / LLMAPI_DIR / EXTRA_OPTIONS)
     base_yaml_path = str(b.out / LLMAPI_DIR / EXTRA_OPTIONS_BASELINE)
     files = {
@@ -423,6 +446,10 @@ def make_plan(recipe: Recipe, out_dir: str | pathlib.Path, *, family: str | None
         enable_kv_cache_reuse=t.enable_kv_cache_reuse, max_batch_size=lim.max_batch_size,
         max_input_len=lim.max_input_len, max_seq_len=lim.max_seq_len, max_num_tokens=t.max_num_tokens,
     )
+    b.notes += recipe_warnings(t.llm_api_options, t.build_args, recipe.serving.tritonserver_args, backend=backend)
+    if recipe.serving.tritonserver_args:
+        b.notes.append("serving.tritonserver_args go to tritonserver when the repository is served: "
+                       + " ".join(recipe.serving.tritonserver_args))
     files: dict[str, str] = {}
     if backend == "trtllm-engine":
         e = _engine_flow(b)

@@ -525,6 +525,8 @@ def server_for_repository(
         watchdog = WatchdogSettings(probe_every_s=None)
     entries = manifest.get("entry_points") or {}
     kwargs.setdefault("entry_points", tuple(v for v in (entries.get("speculative"), entries.get("baseline")) if v))
+    # serving.tritonserver_args: the recipe's passthrough (checked by trtspec.passthrough at load)
+    kwargs.setdefault("extra_args", tuple(serving.get("tritonserver_args") or ()))
 
     def pick(value, key, default):
         return value if value is not None else serving.get(key, default)

@@ -1,0 +1,125 @@
+"""``trtspec check`` lines for what a recipe hands to ModelOpt, TRT-LLM and Triton: where each
+quantized model's calibration text comes from, how big it is, what the quality report will
+measure; and the passthroughs (runtime.trtllm.llm_api_options, build_args,
+serving.tritonserver_args) with their warnings. Pure data in, (name, status, detail, fix) out.
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+from dataclasses import dataclass
+
+from trtspec import calib_sources
+from trtspec.config import ModelSpec, Recipe
+from trtspec.errors import ConfigError
+from trtspec.passthrough import recipe_warnings
+
+_CHAT_NAME = re.compile(r"(instruct|chat|vicuna|-it\b|assistant)", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Line:
+    name: str
+    status: str  # ok | warn | fail | skip
+    detail: str
+    fix: str | None = None
+
+
+def _models(recipe: Recipe) -> list[tuple[str, str, ModelSpec]]:
+    out = [("target", "target", recipe.target)]
+    spec = recipe.draft_spec
+    if spec is not None:
+        key = "draft" if recipe.speculation.method == "draft_target" else "head"
+        out.append((key, f"speculation.{key}", spec))
+    return out
+
+
+def is_chat_model(recipe: Recipe, spec: ModelSpec) -> bool:
+    """A chat model by its name, its tokenizer's chat template, or the recipe's chat prompts."""
+    if recipe.validation.prompts in ("builtin:chat", "builtin:mixed") or _CHAT_NAME.search(spec.model):
+        return True
+    cfg = pathlib.Path(spec.tokenizer or spec.model) / "tokenizer_config.json"
+    try:
+        return "chat_template" in json.loads(cfg.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def _quality_line(recipe: Recipe, src: calib_sources.Source) -> str:
+    held = ("the stdlib corpus's held-out files" if src.kind == "builtin" else
+            f"held-out rows of the same source (every {calib_sources.HELDOUT_EVERY}th, never calibrated on)")
+    what = (f"top-1 agreement, KL divergence and perplexity change against the unquantized model on {held}; "
+            "the draft's acceptance before/after on held-out prompts of the same source")
+    if recipe.runtime.backend == "trtllm-engine":
+        return ("TRT-LLM's quantize.py writes no quality report; `trtspec quantize --calib "
+                f"{src.value} --export trtllm` measures {what}")
+    return f"quality.json measures {what}"
+
+
+def calibration_lines(recipe: Recipe) -> list[Line]:
+    """One line per quantized model: source, sizes, what the quality report measures; a
+    warning when a chat model calibrates on builtin (Python code)."""
+    lines: list[Line] = []
+    local = recipe.runtime.backend == "torch"
+    for role, field, spec in _models(recipe):
+        q = spec.quantization
+        if q.format == "none" and q.kv_cache == "none":
+            continue
+        cal = q.calibration
+        name = f"calibration:{role}"
+        dfield = f"{field}.quantization.calibration.dataset"
+        try:
+            src = calib_sources.resolve(cal.dataset, cal.split, cal.column)
+        except ConfigError as e:
+            if not local and cal.dataset.startswith("/") and e.field == calib_sources.FIELD:
+                lines.append(Line(name, "skip", f"{cal.dataset} is not on this machine; it is read where the build "
+                                                f"runs ({cal.size} x {cal.seq_len} tokens)"))
+                continue
+            lines.append(Line(name, "fail", f"{dfield.rsplit('.', 1)[0]}.{e.field.rsplit('.', 1)[-1]}={e.value!r}: "
+                                            f"{e.problem}", e.fix))
+            continue
+        sizes = f"{cal.size} x {cal.seq_len} tokens"
+        if (cal.size, cal.seq_len) == calib_sources.MODELOPT_SIZES:
+            sizes += " (ModelOpt's default)"
+        elif src.kind != "builtin" and cal.size * cal.seq_len < 512 * 512 // 4:
+            sizes += f" (ModelOpt's default is {calib_sources.MODELOPT_SIZES[0]} x {calib_sources.MODELOPT_SIZES[1]})"
+        how = ""
+        if recipe.runtime.backend == "trtllm-engine":
+            named = calib_sources.NAMED.get(cal.dataset)
+            how = ("; quantize.py --calib_dataset reads it by name" if named and named.trtllm_native
+                   else "; the calib stage writes it as a train.jsonl folder for quantize.py --calib_dataset")
+        detail = f"{src.describe()}, {sizes}{how}. {_quality_line(recipe, src)}"
+        if src.kind in ("file", "folder"):
+            try:
+                if next(calib_sources.iter_texts(src), None) is None:
+                    raise ConfigError(calib_sources.FIELD, cal.dataset, "no text", fix="name a source with text")
+            except ConfigError as e:
+                lines.append(Line(name, "fail", f"{dfield.rsplit('.', 1)[0]}.{e.field.rsplit('.', 1)[-1]}="
+                                                f"{e.value!r}: {e.problem}", e.fix))
+                continue
+        if src.kind == "builtin" and is_chat_model(recipe, spec):
+            lines.append(Line(name, "warn", f"{spec.model} is a chat model but calibrates on builtin, Python source "
+                                            f"code: its scales would be set on code and its quality report would "
+                                            f"measure code. {detail}",
+                              fix=f"set {dfield}: cnn_dailymail (news, ModelOpt's default) or your own chat traffic "
+                                  "(a .jsonl, a saved dataset folder, or org/name with split/column)"))
+            continue
+        lines.append(Line(name, "ok", detail))
+    return lines
+
+
+def passthrough_lines(recipe: Recipe) -> list[Line]:
+    t, s = recipe.runtime.trtllm, recipe.serving
+    given = [(f, v) for f, v in (("runtime.trtllm.llm_api_options", t.llm_api_options),
+                                 ("runtime.trtllm.build_args", t.build_args),
+                                 ("serving.tritonserver_args", s.tritonserver_args)) if v]
+    if not given:
+        return []
+    warnings = recipe_warnings(t.llm_api_options, t.build_args, s.tritonserver_args, backend=recipe.runtime.backend)
+    lines = [Line("passthrough", "warn", w, fix="check the name against your TRT-LLM / Triton version") for w in warnings]
+    if not warnings:
+        lines.append(Line("passthrough", "ok", "; ".join(f"{f}: {v}" for f, v in given)
+                          + " (names known; owned keys refused at load)"))
+    return lines
