@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install -q -U pip
 	# torch first, pinned: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
 	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q -e ".[dev,gguf]"
+	$(PYTHON) -m pip install -q -e ".[all,dev]"
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 

@@ -127,3 +127,19 @@ def missing_extra(e: ModuleNotFoundError, extra: str | None, what: str) -> Missi
     need = extra if extra not in (None, "all") and known != "gguf" else known
     return MissingExtra(f"{what} needs the Python package '{top}', which is not installed",
                         fix=f"pip install 'trtspec[{need}]'")
+
+
+def require_extra(extra: str, modules: tuple[str, ...], what: str) -> None:
+    """Raise :class:`MissingExtra` naming ``extra`` when one of ``modules`` is not installed: for
+    a command whose own imports do not need them, but what it starts does (``trtspec serve``:
+    the python-backend models run in tritonserver's stubs)."""
+    import importlib.util
+
+    for name in modules:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            raise MissingExtra(f"{what} needs the Python package '{name}', which is not installed",
+                               fix=f"pip install 'trtspec[{extra}]'")

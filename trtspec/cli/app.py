@@ -13,6 +13,7 @@ import signal
 import threading
 
 import click
+from rich.markup import escape
 
 from trtspec import __version__
 from trtspec.cli.common import _raise_terminated, err
@@ -52,7 +53,7 @@ class LazyGroup(click.Group):
             problem = missing_extra(e, extra, f"trtspec {name}")
             if problem is None:
                 raise
-            err.print(f"[bold red]error:[/] {problem}")
+            err.print(f"[bold red]error:[/] {escape(str(problem))}")
             ctx.exit(problem.exit_code)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:

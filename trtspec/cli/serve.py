@@ -11,6 +11,7 @@ from trtspec.triton.launch.mpi import planned_launch, with_repository_layout
 from trtspec.triton.launch.server import StopRequested, StopSignals, server_for_repository
 from trtspec.triton.launch.watchdog import WatchdogSettings
 from trtspec.triton.render import read_repository_manifest
+from trtspec.errors import require_extra
 from trtspec.cli.common import err, handle_errors, out
 
 
@@ -46,6 +47,8 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     logs it and counts it on /metrics (trtspec_watchdog_*); a reload that fails or hangs stops
     the server with an error (exit 1). Single-process servers only.
     """
+    if not dry_run:  # the python-backend models (router relay, tokenizers) run in the server's stubs
+        require_extra("serve", ("numpy", "tritonclient", "tokenizers"), "trtspec serve")
     watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
                                                          load_timeout_s=load_timeout)
     server = with_repository_layout(server_for_repository(
