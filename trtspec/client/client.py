@@ -41,7 +41,7 @@ from trtspec.client.errors import (
     classify,
     from_exception,
 )
-from trtspec.client.targets import ClientOptions, parse_target
+from trtspec.client.targets import ClientOptions, parse_target, speaks_tls
 from trtspec.client.types import Chunk, GenerationResult, Sampling
 from trtspec.errors import ConfigError
 
@@ -230,6 +230,10 @@ class AsyncLLMClient:
                 raise
             except Exception as e:  # noqa: BLE001 - tritonclient and grpc errors, mapped below
                 last = from_exception(e, url=self.url, model=None)
+                if isinstance(last, ServerUnavailable) and not self.target.tls \
+                        and "socket closed" in str(last).lower() and await speaks_tls(self.target.host, self.target.port):
+                    raise TLSMismatch("the server dropped a plaintext connection and speaks TLS", url=self.url,
+                                      fix=f"use --url grpcs://{self.address} (--tls-ca CA.pem for a private CA)")
                 if not isinstance(last, ServerUnavailable) or isinstance(last, (TLSMismatch, AuthRejected)):
                     raise last from None
             if time.monotonic() + delay > deadline:

@@ -131,8 +131,9 @@ def classify(status: str | None, message: str, *, url: str | None, model: str | 
                                "client certificate")
     if status in ("UNAUTHENTICATED", "PERMISSION_DENIED") or "protocol is restricted" in low \
             or "expecting header" in low:
+        want = re.search(r"expecting header '([^']+)'", msg)
         return AuthRejected(f"the server refused the credentials: {msg}", **kw,
-                            fix="pass the header it expects: --header 'NAME: VALUE'")
+                            fix=f"pass the header it expects: --header '{want.group(1) if want else 'NAME'}: VALUE'")
     if status in ("UNAVAILABLE",) and ("failed to connect" in low or "connection refused" in low
                                         or "dns resolution failed" in low or "name resolution" in low):
         return ServerUnavailable(

@@ -32,7 +32,7 @@ from trtspec.client.errors import (
     ServerUnavailable,
     TLSMismatch,
 )
-from trtspec.client.targets import ClientOptions, Target, parse_target
+from trtspec.client.targets import ClientOptions, Target, parse_target, speaks_tls
 from trtspec.client.types import Chunk, GenerationResult, Sampling
 from trtspec.errors import ConfigError
 
@@ -64,20 +64,6 @@ def ssl_context(target: Target, options: ClientOptions) -> ssl.SSLContext | None
     if options.tls.cert:
         ctx.load_cert_chain(options.tls.cert, options.tls.key)
     return ctx
-
-
-async def speaks_tls(host: str, port: int, timeout_s: float = 2.0) -> bool:
-    """Does the server at host:port complete a TLS handshake (certificate not checked)? Tells a
-    plaintext client that its connection was dropped because the server expects TLS."""
-    ctx = ssl.create_default_context()
-    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
-    try:
-        async with asyncio.timeout(timeout_s):
-            _, w = await asyncio.open_connection(host.strip("[]"), port, ssl=ctx)
-        w.close()
-        return True
-    except Exception:  # noqa: BLE001 - any failure: not a TLS server
-        return False
 
 
 class AsyncOpenAIClient:

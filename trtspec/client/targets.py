@@ -16,8 +16,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
+import ssl
 from dataclasses import dataclass
 
 from trtspec.errors import ConfigError
@@ -171,3 +173,17 @@ def open_client(url: str, *, options: ClientOptions | None = None, **kwargs):
     from trtspec.client.openai_http import AsyncOpenAIClient
 
     return AsyncOpenAIClient(url, options=options, **kwargs)
+
+
+async def speaks_tls(host: str, port: int, timeout_s: float = 2.0) -> bool:
+    """Does the server at host:port complete a TLS handshake (certificate not checked)? Tells a
+    plaintext client that its connection was dropped because the server expects TLS."""
+    ctx = ssl.create_default_context()
+    ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+    try:
+        async with asyncio.timeout(timeout_s):
+            _, w = await asyncio.open_connection(host.strip("[]"), port, ssl=ctx)
+        w.close()
+        return True
+    except Exception:  # noqa: BLE001 - any failure: not a TLS server
+        return False
