@@ -509,9 +509,11 @@ class OpenAIRelay:
             emit(text, ids, lps)
             return not (cutter is not None and cutter.stopped)  # False cancels the gRPC request
 
+        # streamed from the ensemble even for a non-streamed answer: a stop string cancels it early
+        info = await client.model_info(req.model)
         try:
-            res = await client.generate(prompt, self._sampling(req, k), model=req.model, stream=True,
-                                        on_chunk=on_chunk, extra_inputs=extra)
+            res = await client.generate(prompt, self._sampling(req, k), model=req.model,
+                                        stream="stream" in info.inputs, on_chunk=on_chunk, extra_inputs=extra)
         except ConfigError as e:
             raise APIError(400, str(e).splitlines()[0]) from None
         if cutter is not None and not cutter.stopped:

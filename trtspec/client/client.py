@@ -414,7 +414,10 @@ class AsyncLLMClient:
                     raise classify(None, error.message() if callable(getattr(error, "message", None)) else str(error),
                                    url=self.url, model=info.name)
                 chunks = len(parser.chunks)
-                if parser.add(result, now - parser.sent_at):
+                final = parser.add(result, now - parser.sent_at)
+                if final:  # a final response may carry output too (non-decoupled models): hand it on
+                    if on_chunk is not None and len(parser.chunks) > chunks:
+                        on_chunk(parser.chunks[-1])
                     await _finish(it)
                     break
                 if on_chunk is not None and len(parser.chunks) > chunks and on_chunk(parser.chunks[-1]) is False:
