@@ -208,6 +208,9 @@ def test_bench_and_validate_agree_on_openai_and_grpc_ports(relay, grpc_url, tiny
             assert abs(mo[key]["p50"] / mg[key]["p50"] - 1) < 0.10, (role, key, mg[key]["p50"], mo[key]["p50"])
         ag, ao = mg["acceptance"]["acceptance_length_from_chunks"], mo["acceptance"]["acceptance_length_from_chunks"]
         assert ag == pytest.approx(ao, rel=0.10)
+        assert mg["acceptance"]["served_by"] == mo["acceptance"]["served_by"]  # the trtspec extension
+        if role == "speculative":
+            assert mo["acceptance"]["acceptance_rate"] == pytest.approx(mg["acceptance"]["acceptance_rate"], rel=0.10)
 
     recipe = tiny_recipe(*tiny_models, sampled_check_samples=0,
                          gates={"min_speedup": 0.05, "at_concurrency": 1, "max_mismatch_rate": 0.0,

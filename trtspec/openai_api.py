@@ -26,6 +26,10 @@ OpenAI field → what the ensemble gets (NVIDIA's tensorrtllm_backend input name
 ``return_token_ids`` (extension)       ``choices[].token_ids``: the ensemble's ``output_ids``
 =====================================  ======================================================
 
+Each choice's last event (or the choice, unstreamed) carries ``trtspec``: the path that served it
+(``served_by``), the acceptance counters and the engine's ``perf`` (extension fields; OpenAI
+clients ignore them, trtspec's client reads them).
+
 Chat: the messages are rendered with the tokenizer's chat template (``tokenizer_config.json``),
 or with ``chat_template`` given to the endpoint (a Jinja file, or ``plain``: ``role: content``
 lines then ``assistant:``). A tokenizer without a template and no ``chat_template`` answers 400
@@ -249,6 +253,7 @@ class _Choice:
     finish_reason: str | None = None
     completion_tokens: int = 0
     prompt_tokens: int = 0
+    server: dict = field(default_factory=dict)  # the "trtspec" extension: path, acceptance, perf
 
 
 class OpenAIRelay:
@@ -519,6 +524,9 @@ class OpenAIRelay:
         if cutter is not None and not cutter.stopped:
             emit(cutter.flush(), [], [])
         choice.prompt_tokens = res.prompt_tokens or 0
+        choice.server = {"served_by": res.served_by, "acceptance_rate": res.acceptance_rate,
+                         "total_accepted_draft_tokens": res.accepted_draft_tokens,
+                         "total_draft_tokens": res.draft_tokens, "perf": res.perf}
         choice.completion_tokens = len(choice.token_ids) if choice.token_ids else (
             len(self._tok(choice.text)["input_ids"]) if self._tok is not None else 0)
         stopped = (cutter is not None and cutter.stopped) or choice.completion_tokens < req.max_tokens
@@ -577,6 +585,7 @@ class OpenAIRelay:
                 d["text"] = c.text
             if req.return_token_ids:
                 d["token_ids"] = c.token_ids
+            d["trtspec"] = c.server
             out.append(d)
         return {"id": rid, "object": "chat.completion" if req.chat else "text_completion", "created": int(time.time()),
                 "model": req.model, "choices": out, "usage": self._usage(choices, req.n)}
@@ -620,7 +629,8 @@ class OpenAIRelay:
                 choice, text, ids, lps = get.result()
                 if text is None:  # finished
                     left -= 1
-                    end = {"index": choice.index, "finish_reason": choice.finish_reason, "logprobs": None}
+                    end = {"index": choice.index, "finish_reason": choice.finish_reason, "logprobs": None,
+                           "trtspec": choice.server}
                     end.update({"delta": {}} if req.chat else {"text": ""})
                     await send(chunk([end]))
                     continue

@@ -322,6 +322,7 @@ class _State:
         self.server_ids = True
         self.usage: dict | None = None
         self.end_s = 0.0
+        self.server: dict = {}  # trtspec's extension: served_by, acceptance counters, perf
 
     def add(self, d: dict, t_s: float) -> None:
         if "error" in d and not d.get("choices"):
@@ -331,6 +332,8 @@ class _State:
         if d.get("usage"):
             self.usage = d["usage"]
         for ch in (d.get("choices") or [])[:1]:  # one sequence per request
+            if isinstance(ch.get("trtspec"), dict):
+                self.server = ch["trtspec"]
             text = ch.get("text")
             if text is None:
                 text = ((ch.get("delta") or ch.get("message") or {}).get("content")) or ""
@@ -367,9 +370,13 @@ class _State:
                 self.chunks[-1].num_tokens = max(1, total - len(self.chunks) + 1)
                 source = "usage"
         prompt_tokens = (self.usage or {}).get("prompt_tokens")
+        srv = self.server
         return GenerationResult(model=model, request_id=rid, text=text, token_ids=token_ids, chunks=self.chunks,
                                 sent_at=self.sent_at, end_s=self.end_s, token_ids_source=source,
                                 prompt_tokens=prompt_tokens, stream=self.stream,
+                                served_by=srv.get("served_by"), acceptance_rate=srv.get("acceptance_rate"),
+                                accepted_draft_tokens=srv.get("total_accepted_draft_tokens"),
+                                draft_tokens=srv.get("total_draft_tokens"), perf=srv.get("perf"),
                                 extra={"usage": self.usage} if self.usage else {})
 
 
