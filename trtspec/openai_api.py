@@ -305,8 +305,8 @@ class OpenAIRelay:
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/v1/models/{model}", self._model)
         app.router.add_get("/health", self._health)
-        app.router.add_post("/v1/completions", lambda r: self._generate(r, chat=False))
-        app.router.add_post("/v1/chat/completions", lambda r: self._generate(r, chat=True))
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/chat/completions", self._chat_completions)
         app.on_cleanup.append(self._close_client)
         return app
 
@@ -454,6 +454,12 @@ class OpenAIRelay:
                             top_k=None if greedy else req.top_k, seed=None if greedy else seed)
         except ConfigError as e:
             raise APIError(400, str(e).splitlines()[0], param=e.field if hasattr(e, "field") else None) from None
+
+    async def _completions(self, request):
+        return await self._generate(request, chat=False)
+
+    async def _chat_completions(self, request):
+        return await self._generate(request, chat=True)
 
     async def _generate(self, request, *, chat: bool):
         from aiohttp import web
@@ -658,7 +664,10 @@ class OpenAIRelay:
             for t in tasks:
                 t.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
-        await resp.write_eof()
+        try:
+            await resp.write_eof()
+        except ConnectionResetError:  # the client closed after [DONE]: nothing is lost
+            pass
         return resp
 
 

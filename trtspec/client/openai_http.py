@@ -291,13 +291,15 @@ class AsyncOpenAIClient:
             if not stream:
                 state.add(json.loads(await r.text()), time.perf_counter() - state.sent_at)
             else:
-                async for raw in r.content:
+                done = False
+                async for raw in r.content:  # read to the end: the connection goes back to the pool
                     line = raw.decode("utf-8", errors="replace").strip()
-                    if not line.startswith("data:"):
+                    if done or not line.startswith("data:"):
                         continue
                     data = line[5:].strip()
                     if data == "[DONE]":
-                        break
+                        done = True
+                        continue
                     n = len(state.chunks)
                     state.add(json.loads(data), time.perf_counter() - state.sent_at)
                     if on_chunk is not None and len(state.chunks) > n and on_chunk(state.chunks[-1]) is False:
