@@ -74,7 +74,8 @@ def parse_target(url: str) -> Target:
     port = m.group("port")
     if port is None:
         if scheme in ("grpc", "grpcs"):
-            raise ConfigError("--url", url, "a gRPC URL needs a port", fix="e.g. --url grpc://127.0.0.1:8001")
+            raise ConfigError("--url", url, "a gRPC URL needs a port: HOST:PORT",
+                              fix="e.g. --url 127.0.0.1:8001 (an OpenAI-compatible server: http://HOST:PORT/v1)")
         port = "443" if scheme == "https" else "80"
     if not 0 < int(port) < 65536:
         raise ConfigError("--url", url, f"port {port} is out of range", fix="a port is 1-65535")
