@@ -33,6 +33,7 @@ COMMANDS: dict[str, tuple[str, str, str | None, str]] = {
     "serve": ("trtspec.cli.serve", "serve", "serve", "Run tritonserver on a rendered repository."),
     "bench": ("trtspec.cli.measure", "bench", "client", "Load-test running deployments (GenAI-Perf metrics)."),
     "validate": ("trtspec.cli.measure", "validate", "client", "Equivalence and latency gates → verdict."),
+    "infer": ("trtspec.cli.measure", "infer", "client", "One request to a running server; the text to stdout."),
     "deploy": ("trtspec.cli.deploy", "deploy", None, "Kubernetes manifests for a recipe."),
     "run": ("trtspec.cli.run", "run_cmd", "all", "The whole pipeline, resumable: a report and a verdict."),
 }

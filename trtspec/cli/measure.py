@@ -10,6 +10,9 @@ import click
 from rich.table import Table
 from rich.markup import escape
 
+from trtspec.client.errors import EXIT_CODES
+from trtspec.client.infer import request_extras, result_dict, run_infer
+from trtspec.client.targets import ClientOptions, TLSOptions, parse_headers, parse_target
 from trtspec.client.loadgen import BenchSettings, run_bench
 from trtspec.client.types import Sampling
 from trtspec.config import load_recipe
@@ -18,6 +21,38 @@ from trtspec.validate.report import write_bench_report
 from trtspec.validate.report import write_validation_report
 from trtspec.validate.run import run_validation
 from trtspec.cli.common import _int_list, _progress, _url_list, err, handle_errors, out
+
+
+URL_HELP = ("The server: HOST:PORT or grpc://HOST:PORT (Triton gRPC), grpcs://HOST:PORT (TLS), or "
+            "http(s)://HOST:PORT/v1 (any OpenAI-compatible server, e.g. trtspec serve --openai-port)")
+
+
+def _exit_codes_epilog() -> str:
+    return "\b\nExit codes:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
+
+
+def _target_options(fn):
+    """--endpoint, --tls-*, --header: how to talk to the --url target (trtspec.client.targets)."""
+    opts = [
+        click.option("--endpoint", type=click.Choice(["completions", "chat"]), default="completions",
+                     show_default=True, help="OpenAI-compatible targets: /v1/completions or /v1/chat/completions."),
+        click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+                     help="PEM CA bundle that signed the server's certificate (grpcs://, https://)."),
+        click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+                     help="PEM client certificate (mutual TLS), with --tls-key."),
+        click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM key of --tls-cert."),
+        click.option("--header", "headers", multiple=True,
+                     help="'NAME: VALUE' sent with every call (gRPC metadata / HTTP header); repeat for more."),
+    ]
+    for o in reversed(opts):
+        fn = o(fn)
+    return fn
+
+
+def _client_options(endpoint, tls_ca, tls_cert, tls_key, headers, require_token_ids=False):
+    return ClientOptions(tls=TLSOptions(ca=tls_ca, cert=tls_cert, key=tls_key), headers=parse_headers(headers),
+                         endpoint=endpoint, require_token_ids=require_token_ids)
+
 
 
 def _bench_table(d: dict, title: str) -> Table:
@@ -59,10 +94,11 @@ def _replica_table(d: dict, equivalence: dict | None = None) -> Table:
     return table
 
 
-@click.command()
+@click.command(epilog=_exit_codes_epilog())
 @click.option("--url", "urls", required=True, multiple=True, callback=_url_list,
-              help="gRPC endpoint of the server, HOST:PORT; several replicas: repeat it or give a comma list "
+              help=URL_HELP + "; several replicas: repeat it or give a comma list "
                    "(each is loaded at every concurrency level; per-replica and total results).")
+@_target_options
 @click.option("--concurrency", default="1,2,4", show_default=True, callback=_int_list,
               help="Comma-separated concurrency levels (requests in flight).")
 @click.option("--prompts", "prompt_source", default="builtin:code", show_default=True,
@@ -95,9 +131,9 @@ def _replica_table(d: dict, equivalence: dict | None = None) -> Table:
               help="Writes OUT/report.json, OUT/report.md and PNG plots.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (no per-request records) as JSON.")
 @handle_errors
-def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, warmup, output_len, prompt_len,
-          temperature, top_k, top_p, seed, spec_model, baseline_model, no_baseline, tokenizer, no_stream, timeout,
-          ready_timeout, out_dir, as_json):
+def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, prompt_source, num_prompts, requests,
+          duration, warmup, output_len, prompt_len, temperature, top_k, top_p, seed, spec_model, baseline_model,
+          no_baseline, tokenizer, no_stream, timeout, ready_timeout, out_dir, as_json):
     """Load-test a deployment: baseline and speculative side by side, GenAI-Perf metrics.
 
     TTFT, time to second token, ITL, inter-chunk latency, request latency, output tokens/s (per
@@ -109,6 +145,7 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
     """
     if requests is not None and duration is not None:
         raise click.UsageError("pass --requests or --duration, not both")
+    options = _client_options(endpoint, tls_ca, tls_cert, tls_key, headers)
     settings = BenchSettings(
         concurrency=concurrency, requests=None if duration else (requests or 16), duration_s=duration,
         warmup=warmup, output_lens=output_len, prompt_lens=prompt_len,
@@ -119,7 +156,8 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
     prog, update = _progress()
     with prog:
         result = run_bench(urls[0] if len(urls) == 1 else urls, prompts, settings, tokenizer=tokenizer,
-                           prompt_source=prompt_source, progress=update, ready_timeout_s=ready_timeout)
+                           prompt_source=prompt_source, progress=update, ready_timeout_s=ready_timeout,
+                           client_options=options)
     files = write_bench_report(result, out_dir)
     d = result.to_dict(with_records=False)
     if as_json:
@@ -137,10 +175,14 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
         sys.exit(4)
 
 
-@click.command()
+@click.command(epilog=_exit_codes_epilog())
 @click.option("--url", "urls", required=True, multiple=True, callback=_url_list,
-              help="gRPC endpoint of the server, HOST:PORT; several replicas: repeat it or give a comma list "
+              help=URL_HELP + "; several replicas: repeat it or give a comma list "
                    "(equivalence checked on each, load on all at once).")
+@_target_options
+@click.option("--require-token-ids", is_flag=True,
+              help="OpenAI-compatible targets: fail (exit 7) when the server returns no token ids, instead of "
+                   "comparing text.")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="Writes OUT/report.json, OUT/report.md and PNG plots.")
@@ -152,19 +194,21 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
               help="Seconds to wait for the server and models to be ready.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict and gates as JSON.")
 @handle_errors
-def validate(urls, config, out_dir, spec_model, baseline_model, tokenizer, ready_timeout, as_json):
+def validate(urls, endpoint, tls_ca, tls_cert, tls_key, headers, require_token_ids, config, out_dir, spec_model,
+             baseline_model, tokenizer, ready_timeout, as_json):
     """Validate a served deployment against its recipe's gates; exit 0 = deploy speculative, 1 = keep baseline.
 
     Greedy output equivalence per prompt (first divergence, edit distance; tolerance from
     validation.equivalence_tolerance), a sampled distribution check (validation.sampled_check_samples),
     latency and acceptance under load (validation.concurrency), then the gates in validation.gates.
-    Exit 2: bad recipe or input; 4: server unreachable or failing.
+    Exit 2: bad recipe or input; 4: server unreachable or failing; 5-7: see below.
     """
     recipe = load_recipe(config)
+    options = _client_options(endpoint, tls_ca, tls_cert, tls_key, headers, require_token_ids)
     prog, update = _progress()
     with prog:
         result = run_validation(urls[0] if len(urls) == 1 else urls, recipe, tokenizer=tokenizer or True,
-                                speculative_model=spec_model,
+                                speculative_model=spec_model, client_options=options,
                                 baseline_model=baseline_model, progress=update, ready_timeout_s=ready_timeout)
     write_validation_report(result, out_dir, max_draft_len=recipe.max_draft_len or None,
                             min_speedup=recipe.validation.gates.min_speedup)
@@ -185,3 +229,49 @@ def validate(urls, config, out_dir, spec_model, baseline_model, tokenizer, ready
         style = "bold green" if v.deploy_speculative else "bold red"
         out.print(f"verdict: [{style}]{v.decision}[/]  (report: {os.path.join(out_dir, 'report.md')})")
     sys.exit(result.exit_code)
+
+
+@click.command(epilog=_exit_codes_epilog())
+@click.argument("url")
+@_target_options
+@click.option("--prompt", required=True, help="Prompt text.")
+@click.option("--model", default="ensemble", show_default=True, help="ensemble (speculative) or ensemble_baseline.")
+@click.option("--stream", is_flag=True, help="Print the output as it streams in.")
+@click.option("--max-tokens", default=64, show_default=True, type=click.IntRange(1))
+@click.option("--temperature", default=0.0, show_default=True, type=click.FloatRange(0, 100), help="0 = greedy.")
+@click.option("--top-k", default=None, type=click.IntRange(0))
+@click.option("--top-p", default=None, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--seed", default=None, type=click.IntRange(0))
+@click.option("--stop", multiple=True, help="Stop string (repeat for more): ensemble input stop_words / OpenAI stop.")
+@click.option("--presence-penalty", default=None, type=float)
+@click.option("--frequency-penalty", default=None, type=float)
+@click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
+              help="HF tokenizer folder: token counts when the server sends no ids.")
+@click.option("--timeout", default=600.0, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--ready-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0))
+@click.option("--json", "as_json", is_flag=True, help="Print the full response as JSON (timings, perf outputs).")
+@handle_errors
+def infer(url, endpoint, tls_ca, tls_cert, tls_key, headers, prompt, model, stream, max_tokens, temperature, top_k,
+          top_p, seed, stop, presence_penalty, frequency_penalty, tokenizer, timeout, ready_timeout, as_json):
+    """Send one request to a running server and print the output text.
+
+    URL as for bench/validate: HOST:PORT, grpc(s)://HOST:PORT or http(s)://HOST:PORT/v1.
+    """
+    options = _client_options(endpoint, tls_ca, tls_cert, tls_key, headers)
+    extras = request_extras(parse_target(url).kind, stop=stop, presence_penalty=presence_penalty,
+                            frequency_penalty=frequency_penalty)
+    sampling = Sampling(max_tokens=max_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+
+    def on_text(text: str) -> None:
+        click.echo(text, nl=False)
+        sys.stdout.flush()
+
+    res = run_infer(url, prompt, sampling, model=model, stream=stream, options=options, extras=extras or None,
+                    tokenizer=tokenizer, on_text=None if as_json else on_text, timeout_s=timeout,
+                    ready_timeout_s=ready_timeout)
+    if as_json:
+        click.echo(json.dumps(result_dict(res), indent=2, default=str))
+    elif stream:
+        click.echo()
+    else:
+        click.echo(res.text)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 
 import click
 
+from trtspec.openai_api import relay_for_repository
 from trtspec.triton.launch.mpi import planned_launch, with_repository_layout
 from trtspec.triton.launch.server import StopRequested, StopSignals, server_for_repository
 from trtspec.triton.launch.watchdog import WatchdogSettings
@@ -32,10 +34,19 @@ from trtspec.cli.common import err, handle_errors, out
               help="Seconds between the watchdog's one-token probes of the entry points; 0 = no probes.")
 @click.option("--load-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="Seconds a watchdog reload may take before the server is stopped with an error.")
+@click.option("--ports", "port_preset", type=click.Choice(["free", "default"]), default=None,
+              help="default: Triton's usual ports, HTTP 8000, gRPC 8001, metrics 8002 (tools that assume them "
+                   "work); free: a free port each. --grpc-port/--http-port/--metrics-port override either.")
+@click.option("--openai-port", type=click.IntRange(0, 65535), default=None,
+              help="Also serve an OpenAI-compatible API (/v1/models, /v1/completions, /v1/chat/completions) on "
+                   "this port (0 = a free one), relaying to the ensembles over gRPC (docs/serving.md).")
+@click.option("--chat-template", default=None,
+              help="Jinja chat template for /v1/chat/completions when the tokenizer has none (a file), or "
+                   "'plain' (role: content lines, then 'assistant:').")
 @handle_errors
 def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
           ready_timeout: float | None, as_json: bool, dry_run: bool, no_watchdog: bool, probe_every: float,
-          load_timeout: float) -> None:
+          load_timeout: float, port_preset: str | None, openai_port: int | None, chat_template: str | None) -> None:
     """Serve a model repository with tritonserver until Ctrl-C, SIGTERM or SIGHUP.
 
     Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
@@ -51,6 +62,12 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
         require_extra("serve", ("numpy", "tritonclient", "tokenizers"), "trtspec serve")
     watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
                                                          load_timeout_s=load_timeout)
+    if port_preset is not None:  # Triton's own defaults, or 0 = free; explicit ports win
+        preset = (8001, 8000, 8002) if port_preset == "default" else (0, 0, 0)
+        grpc_port, http_port, metrics_port = (p if p is not None else d for p, d in
+                                              zip((grpc_port, http_port, metrics_port), preset))
+    if chat_template is not None and openai_port is None:
+        raise click.UsageError("--chat-template is for the OpenAI endpoint: add --openai-port PORT")
     server = with_repository_layout(server_for_repository(
         repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
         ready_timeout=ready_timeout, watchdog=watchdog,
@@ -70,27 +87,33 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     # and one during start-up stops what was started (exit 128+signal) instead of orphaning it
     with StopSignals() as signals:
         try:
-            _serve_until_stopped(server, repo, signals, as_json)
+            _serve_until_stopped(server, repo, signals, as_json, openai_port, chat_template)
         except StopRequested as e:
             err.print(f"stopped by {e} before the server was ready; nothing left running")
             sys.exit(128 + e.signum)
     err.print(f"stopped (tritonserver exit code {server.returncode})")
 
 
-def _serve_until_stopped(server, repo: str, signals, as_json: bool) -> None:
-
-    with server:
+def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port: int | None = None,
+                         chat_template: str | None = None) -> None:
+    with server, contextlib.ExitStack() as relay_stack:
         signals.serving = True  # ready: from here a signal means "drain and stop", exit 0
         e = server.endpoints
+        relay = None
+        if openai_port is not None:  # stopped (by the ExitStack) before the server
+            relay = relay_stack.enter_context(relay_for_repository(
+                repo, e.grpc, host=e.host, port=openai_port, chat_template=chat_template))
         if as_json:
-            click.echo(json.dumps({**e.to_dict(), "log": str(server.log_path),
-                                   "watchdog": server.watchdog is not None}), nl=True)
+            click.echo(json.dumps({**e.to_dict(), **({"openai": relay.url} if relay else {}),
+                                   "log": str(server.log_path), "watchdog": server.watchdog is not None}), nl=True)
             sys.stdout.flush()
         else:
             out.print(f"[green]ready[/]: {repo}")
             out.print(f"  gRPC     {e.grpc}")
             out.print(f"  HTTP     {e.http}")
             out.print(f"  metrics  {e.metrics}")
+            if relay is not None:
+                out.print(f"  OpenAI   {relay.url}  (/models, /completions, /chat/completions)")
             models = (read_repository_manifest(repo) or {}).get("entry_points")
             if models:
                 out.print(f"  models   {models['speculative']} (speculative path), {models['baseline']} (baseline)")

@@ -21,11 +21,10 @@ import asyncio
 import itertools
 import json
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -37,9 +36,12 @@ from trtspec.client.errors import (
     ServerNotReady,
     ServerRequestError,
     ServerUnavailable,
+    AuthRejected,
+    TLSMismatch,
     classify,
     from_exception,
 )
+from trtspec.client.targets import ClientOptions, parse_target, speaks_tls
 from trtspec.client.types import Chunk, GenerationResult, Sampling
 from trtspec.errors import ConfigError
 
@@ -72,17 +74,20 @@ _ID_INPUTS = {
     "return_perf_metrics": ("return_perf_metrics",),
     "exclude_input_in_output": ("exclude_input_in_output",),
 }
-_URL = re.compile(r"^(?:grpc://)?(\[[0-9a-fA-F:]+\]|[A-Za-z0-9.\-_]+):(\d{1,5})$")
 _ids = itertools.count()
 
 
 def parse_url(url: str) -> str:
-    """``HOST:PORT`` (an optional ``grpc://`` is dropped) or a :class:`ConfigError`."""
-    m = _URL.match(url.strip()) if isinstance(url, str) else None
-    if not m or not 0 < int(m.group(2)) < 65536:
+    """``HOST:PORT`` of a gRPC URL (``HOST:PORT``, ``grpc://`` or ``grpcs://``) or a :class:`ConfigError`."""
+    try:
+        target = parse_target(url)
+    except ConfigError:
+        target = None
+    if target is None or target.kind != "grpc":
         raise ConfigError("--url", url, "expected HOST:PORT of the server's gRPC endpoint",
-                          fix="e.g. --url 127.0.0.1:8001")
-    return f"{m.group(1)}:{int(m.group(2))}"
+                          fix="e.g. --url 127.0.0.1:8001 (grpcs://HOST:PORT for TLS; OpenAI-compatible "
+                              "http(s)://HOST:PORT/v1 URLs are for trtspec.client.targets.open_client)")
+    return target.address
 
 
 @dataclass(frozen=True)
@@ -170,8 +175,14 @@ class AsyncLLMClient:
     """
 
     def __init__(self, url: str, *, tokenizer=None, retries: int = 3, backoff_s: float = 0.25,
-                 timeout_s: float | None = 600.0):
-        self.url = parse_url(url)
+                 timeout_s: float | None = 600.0, options: ClientOptions | None = None):
+        self.address = parse_url(url)
+        self.target = parse_target(url)
+        self.options = options or ClientOptions()
+        self.options.check(self.target)
+        self.url = self.target.url  # HOST:PORT for plaintext, grpcs://HOST:PORT for TLS
+        # gRPC metadata sent with every call (an auth gateway's token, Triton's restricted protocols)
+        self._headers = {k.lower(): v for k, v in self.options.headers} or None
         self.tokenizer = load_tokenizer(tokenizer)
         self.retries, self.backoff_s, self.timeout_s = retries, backoff_s, timeout_s
         self._client = None
@@ -187,7 +198,10 @@ class AsyncLLMClient:
         if self._client is None:  # created lazily: grpc.aio binds to the running loop
             import tritonclient.grpc.aio as aio
 
-            self._client = aio.InferenceServerClient(self.url)
+            tls = self.options.tls
+            self._client = aio.InferenceServerClient(
+                self.address, ssl=self.target.tls, root_certificates=tls.ca, private_key=tls.key,
+                certificate_chain=tls.cert)
         return self._client
 
     async def close(self) -> None:
@@ -204,8 +218,8 @@ class AsyncLLMClient:
         while True:
             try:
                 c = self._grpc()
-                if await c.is_server_ready():
-                    pending = [m for m in models if not await c.is_model_ready(m)]
+                if await c.is_server_ready(headers=self._headers):
+                    pending = [m for m in models if not await c.is_model_ready(m, headers=self._headers)]
                     if not pending:
                         return
                     await self._check_known(pending)
@@ -216,7 +230,11 @@ class AsyncLLMClient:
                 raise
             except Exception as e:  # noqa: BLE001 - tritonclient and grpc errors, mapped below
                 last = from_exception(e, url=self.url, model=None)
-                if not isinstance(last, ServerUnavailable):
+                if isinstance(last, ServerUnavailable) and not self.target.tls \
+                        and "socket closed" in str(last).lower() and await speaks_tls(self.target.host, self.target.port):
+                    raise TLSMismatch("the server dropped a plaintext connection and speaks TLS", url=self.url,
+                                      fix=f"use --url grpcs://{self.address} (--tls-ca CA.pem for a private CA)")
+                if not isinstance(last, ServerUnavailable) or isinstance(last, (TLSMismatch, AuthRejected)):
                     raise last from None
             if time.monotonic() + delay > deadline:
                 if isinstance(last, ServerNotReady):
@@ -227,7 +245,7 @@ class AsyncLLMClient:
 
     async def _check_known(self, models: Sequence[str]) -> None:
         try:
-            index = await self._grpc().get_model_repository_index(as_json=True)
+            index = await self._grpc().get_model_repository_index(headers=self._headers, as_json=True)
         except Exception:  # noqa: BLE001 - the index API may be restricted; then just keep waiting
             return
         names = sorted({m["name"] for m in index.get("models", [])})
@@ -240,13 +258,14 @@ class AsyncLLMClient:
         if model not in self._info:
             for attempt in range(self.retries + 1):
                 try:
-                    cfg = (await self._grpc().get_model_config(model, as_json=True))["config"]
+                    cfg = (await self._grpc().get_model_config(model, headers=self._headers, as_json=True))["config"]
                     break
                 except Exception as e:  # noqa: BLE001
                     err = from_exception(e, url=self.url, model=model)
                     if isinstance(err, ModelNotFound):
                         await self._check_known([model])
-                    if not isinstance(err, ServerUnavailable) or attempt == self.retries:
+                    if not isinstance(err, ServerUnavailable) or isinstance(err, (TLSMismatch, AuthRejected)) \
+                            or attempt == self.retries:
                         raise err from None
                     await asyncio.sleep(self.backoff_s * 2**attempt)
             info = ModelInfo.from_config(cfg)
@@ -261,7 +280,8 @@ class AsyncLLMClient:
 
     async def generate(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
                        model: str = SPECULATIVE_MODEL, stream: bool = True, request_id: str | None = None,
-                       timeout_s: float | None = None, on_chunk: OnChunk | None = None) -> GenerationResult:
+                       timeout_s: float | None = None, on_chunk: OnChunk | None = None,
+                       extra_inputs: Mapping[str, Any] | None = None) -> GenerationResult:
         """Send one request and collect every streamed response until the final one.
 
         ``timeout_s`` (default: the client's) is a deadline for the whole call, retries included.
@@ -270,10 +290,15 @@ class AsyncLLMClient:
         the engine stops generating (docs/reliability.md). The deadline raises
         :class:`RequestTimeout`; ``on_chunk`` returning False returns the output so far with
         ``cancelled=True``. An error after output began carries that output as ``error.partial``.
+
+        ``extra_inputs`` ({input name: value or list of values}) are sent as the model declares
+        them, e.g. NVIDIA's ``stop_words``, ``presence_penalty``, ``return_log_probs``; a name the
+        model does not declare raises :class:`RequestRejected` naming it.
         """
         sampling = sampling or Sampling()
         info = await self.model_info(model)
         inputs, prompt_tokens = self._inputs(info, prompt, sampling, stream)
+        inputs += self._extra_inputs(info, extra_inputs)
         rid = request_id or f"trtspec-{next(_ids)}-{os.getpid()}"
         timeout = self.timeout_s if timeout_s is None else timeout_s
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -302,6 +327,28 @@ class AsyncLLMClient:
         res.attempts = attempt + 1
         res.prompt_tokens = prompt_tokens if prompt_tokens is not None else (res.perf or {}).get("prompt_tokens")
         return res
+
+    async def stream(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
+                     model: str = SPECULATIVE_MODEL, request_id: str | None = None, timeout_s: float | None = None,
+                     extra_inputs: Mapping[str, Any] | None = None) -> AsyncIterator[Chunk]:
+        """``async for chunk in client.stream(...)``: each output chunk as it arrives. Leaving the
+        loop early cancels the request on the server; errors are raised from the loop."""
+        async for chunk in stream_chunks(self, prompt, sampling, model=model, request_id=request_id,
+                                         timeout_s=timeout_s, extra_inputs=extra_inputs):
+            yield chunk
+
+    def _extra_inputs(self, info: ModelInfo, extra: Mapping[str, Any] | None) -> list:
+        tensors = []
+        for name, value in (extra or {}).items():
+            if value is None:
+                continue
+            if name not in info.inputs:
+                raise RequestRejected(
+                    f"does not declare the input '{name}'", url=self.url, model=info.name,
+                    fix=f"inputs it takes: {', '.join(sorted(info.inputs))}")
+            values = list(value) if isinstance(value, (list, tuple)) else [value]
+            tensors.append(info.tensor(name, values))
+        return tensors
 
     def _inputs(self, info: ModelInfo, prompt, sampling: Sampling, stream: bool):
         names = _TEXT_INPUTS if info.kind == "text" else _ID_INPUTS
@@ -356,7 +403,7 @@ class AsyncLLMClient:
 
         it = None
         try:
-            it = c.stream_infer(inputs_iterator=requests())
+            it = c.stream_infer(inputs_iterator=requests(), headers=self._headers)
             while True:
                 try:
                     result, error = await it.__anext__()
@@ -367,7 +414,10 @@ class AsyncLLMClient:
                     raise classify(None, error.message() if callable(getattr(error, "message", None)) else str(error),
                                    url=self.url, model=info.name)
                 chunks = len(parser.chunks)
-                if parser.add(result, now - parser.sent_at):
+                final = parser.add(result, now - parser.sent_at)
+                if final:  # a final response may carry output too (non-decoupled models): hand it on
+                    if on_chunk is not None and len(parser.chunks) > chunks:
+                        on_chunk(parser.chunks[-1])
                     await _finish(it)
                     break
                 if on_chunk is not None and len(parser.chunks) > chunks and on_chunk(parser.chunks[-1]) is False:
@@ -414,6 +464,45 @@ class _NoResponseYet(Exception):
 
     def __init__(self, error: ServerRequestError):
         self.error = error
+
+
+async def stream_chunks(client, prompt, sampling, **kwargs) -> AsyncIterator[Chunk]:
+    """``client.generate(..., on_chunk=...)`` as an async iterator (any client with that API).
+    Leaving the loop early cancels the request: the server sees the client go away."""
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def run():
+        try:
+            await client.generate(prompt, sampling, stream=True, on_chunk=queue.put_nowait, **kwargs)
+            queue.put_nowait(done)
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
+            queue.put_nowait(e)
+
+    task = asyncio.create_task(run())
+    try:
+        while True:
+            item = await queue.get()
+            if item is done:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def _log_probs(result) -> list[float] | None:
+    """NVIDIA's ``output_log_probs`` when the model sends it (flattened: one sequence)."""
+    try:
+        arr = result.as_numpy("output_log_probs")
+    except Exception:  # noqa: BLE001 - a model without that output
+        return None
+    if arr is None or arr.size == 0:
+        return None
+    return [float(x) for x in arr.reshape(-1)]
 
 
 def _first(arr) -> Any:
@@ -479,7 +568,8 @@ class _ResponseParser:
                 self.texts, self.ids = [text], list(ids or [])
             n = len(ids) if ids is not None else (
                 len(self.tokenizer(text, add_special_tokens=False)["input_ids"]) if self.tokenizer else None)
-            self.chunks.append(Chunk(t_s=t_s, text=text, num_tokens=n))
+            self.chunks.append(Chunk(t_s=t_s, text=text, num_tokens=n, token_ids=ids,
+                                     log_probs=_log_probs(result)))
         params = result.get_response().parameters
         return "triton_final_response" in params and params["triton_final_response"].bool_param
 
@@ -510,7 +600,9 @@ class LLMClient:
     """
 
     def __init__(self, url: str, **kwargs):
-        self._async = AsyncLLMClient(url, **kwargs)
+        from trtspec.client.targets import open_client  # lazy: trtspec.client.targets imports the package trtspec.client, whose __init__ imports this module
+
+        self._async = open_client(url, **kwargs)  # gRPC, or an OpenAI-compatible http(s) URL
         self.url = self._async.url
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="trtspec-grpc", daemon=True)
@@ -542,10 +634,12 @@ class LLMClient:
 
     def generate(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
                  model: str = SPECULATIVE_MODEL, stream: bool = True, request_id: str | None = None,
-                 timeout_s: float | None = None, on_chunk: OnChunk | None = None) -> GenerationResult:
+                 timeout_s: float | None = None, on_chunk: OnChunk | None = None,
+                 extra_inputs: Mapping[str, Any] | None = None) -> GenerationResult:
         """As :meth:`AsyncLLMClient.generate`; ``on_chunk`` runs on the client's event-loop thread."""
         return self._run(self._async.generate(prompt, sampling, model=model, stream=stream,
-                                              request_id=request_id, timeout_s=timeout_s, on_chunk=on_chunk))
+                                              request_id=request_id, timeout_s=timeout_s, on_chunk=on_chunk,
+                                              extra_inputs=extra_inputs))
 
     def close(self) -> None:
         if self._loop.is_closed():

@@ -2,7 +2,9 @@
 status and the server's own message (trimmed of the python-backend traceback).
 
 Exit code 4 (not 1) so a pipeline can tell "the server could not be used" from
-"validation ran and the gate said keep the baseline" (exit 1).
+"validation ran and the gate said keep the baseline" (exit 1). Three failures a user fixes on
+their side get codes of their own (``EXIT_CODES``): TLS (5), authentication (6) and an
+OpenAI-compatible server that returns no token ids where they were required (7).
 """
 
 from __future__ import annotations
@@ -40,6 +42,39 @@ class ServerUnavailable(ServerRequestError):
 class ServerBusy(ServerUnavailable):
     """The server is up but turned the request away unserved (queue full, queue timeout): nothing
     was generated, so it is safe to send again later."""
+
+
+class TLSMismatch(ServerRequestError):
+    """The TLS handshake failed: plaintext against a TLS server or the reverse, an unknown CA, a
+    missing or refused client certificate."""
+
+    exit_code = 5
+
+
+class AuthRejected(ServerRequestError):
+    """The server or a gateway in front of it refused the credentials (HTTP 401/403, gRPC
+    UNAUTHENTICATED/PERMISSION_DENIED, Triton's restricted protocols)."""
+
+    exit_code = 6
+
+
+class NoTokenIds(ServerRequestError):
+    """An OpenAI-compatible server answered without token ids, and they were required."""
+
+    exit_code = 7
+
+
+# documented in `trtspec bench --help` / `trtspec validate --help`
+EXIT_CODES = {
+    0: "deploy speculative (validate) / finished (bench)",
+    1: "keep the baseline: a gate failed (validate)",
+    2: "bad input: options, recipe, --url scheme, --header, TLS files",
+    3: "internal error (re-run with --debug)",
+    4: "the server could not be used: unreachable, not ready, failing requests, went away mid-run",
+    5: "TLS mismatch: plaintext vs TLS, unknown CA, client certificate refused",
+    6: "authentication refused: HTTP 401/403, gRPC UNAUTHENTICATED/PERMISSION_DENIED",
+    7: "the OpenAI-compatible server returned no token ids (--require-token-ids)",
+}
 
 
 class ServerNotReady(ServerRequestError):
@@ -89,6 +124,16 @@ def classify(status: str | None, message: str, *, url: str | None, model: str | 
     msg = short_message(message)
     low = msg.lower()
     kw = dict(url=url, model=model, status=status, server_message=message)
+    if "ssl" in low or "handshake" in low or "certificate" in low or "tls" in low.split():
+        return TLSMismatch(f"TLS handshake failed: {msg}", **kw,
+                           fix="match the server: grpcs:// / https:// for a TLS server (plain grpc:// / http:// "
+                               "otherwise); --tls-ca for a private CA; --tls-cert/--tls-key if it asks for a "
+                               "client certificate")
+    if status in ("UNAUTHENTICATED", "PERMISSION_DENIED") or "protocol is restricted" in low \
+            or "expecting header" in low:
+        want = re.search(r"expecting header '([^']+)'", msg)
+        return AuthRejected(f"the server refused the credentials: {msg}", **kw,
+                            fix=f"pass the header it expects: --header '{want.group(1) if want else 'NAME'}: VALUE'")
     if status in ("UNAVAILABLE",) and ("failed to connect" in low or "connection refused" in low
                                         or "dns resolution failed" in low or "name resolution" in low):
         return ServerUnavailable(

@@ -28,6 +28,7 @@ from typing import Callable, Sequence
 
 from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMClient
 from trtspec.client.errors import ServerBusy, ServerRequestError, ServerUnavailable
+from trtspec.client.targets import ClientOptions, open_client
 from trtspec.client.metrics import RequestRecord, Window, bucket_speedups, by_bucket, span, speedups, summarize
 from trtspec.client.types import Sampling
 from trtspec.errors import ConfigError
@@ -340,7 +341,7 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
                       progress: Progress | None = None) -> BenchResult:
     """Warm up, then sweep ``settings.concurrency``; see the module docstring for the interleaving.
     ``client``: one server, or one client per replica."""
-    clients = [client] if isinstance(client, AsyncLLMClient) else list(client)
+    clients = list(client) if isinstance(client, (list, tuple)) else [client]
     if not clients:
         raise ConfigError("url", [], "no server to benchmark", fix="pass --url HOST:PORT")
     urls = tuple(c.url for c in clients)
@@ -420,15 +421,18 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
 
 
 def run_bench(url: str | Sequence[str], prompts: Sequence[str], settings: BenchSettings, *, tokenizer=None,
-              prompt_source: str = "", progress: Progress | None = None, ready_timeout_s: float = 30.0) -> BenchResult:
+              prompt_source: str = "", progress: Progress | None = None, ready_timeout_s: float = 30.0,
+              client_options: ClientOptions | None = None) -> BenchResult:
     """Blocking entry point (CLI, ``trtspec run``): wait for the server(s), shape prompts, run the sweep.
 
-    ``url``: one server, or several replicas (each loaded at every concurrency level)."""
+    ``url``: one server, or several replicas (each loaded at every concurrency level); Triton gRPC
+    or an OpenAI-compatible ``http(s)://HOST:PORT/v1`` (``client_options``: TLS, headers, endpoint)."""
     urls = [url] if isinstance(url, str) else list(url)
 
     async def main():
-        clients = [AsyncLLMClient(urls[0], tokenizer=tokenizer, timeout_s=settings.timeout_s)]
-        clients += [AsyncLLMClient(u, tokenizer=clients[0].tokenizer, timeout_s=settings.timeout_s) for u in urls[1:]]
+        kw = {"timeout_s": settings.timeout_s, "options": client_options}
+        clients = [open_client(urls[0], tokenizer=tokenizer, **kw)]
+        clients += [open_client(u, tokenizer=clients[0].tokenizer, **kw) for u in urls[1:]]
         try:
             for c in clients:
                 await c.wait_ready(list(settings.roles.values()), timeout_s=ready_timeout_s)

@@ -58,6 +58,8 @@ class Chunk:
     t_s: float  # arrival, seconds since the request was sent
     text: str
     num_tokens: int | None  # None when neither ids nor a tokenizer tell
+    token_ids: list[int] | None = None  # the ids this chunk carried, when the server sends them
+    log_probs: list[float] | None = None  # their log-probabilities, when asked for and sent
 
 
 @dataclass

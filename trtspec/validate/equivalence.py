@@ -99,6 +99,8 @@ class EquivalenceResult:
     concurrency: int
     unit: str  # "tokens" | "chars"
     prompts: list[PromptComparison] = field(default_factory=list)
+    # what was compared: "server token ids" | "tokenizer token ids (text re-encoded)" | "text"
+    compared: str = ""
 
     @property
     def exact_match_rate(self) -> float:
@@ -116,6 +118,7 @@ class EquivalenceResult:
             "max_tokens": self.max_tokens,
             "concurrency": self.concurrency,
             "unit": self.unit,
+            "compared": self.compared,
             "prompts_compared": len(self.prompts),
             "exact_matches": sum(p.exact for p in self.prompts),
             "exact_match_rate": self.exact_match_rate,
@@ -174,7 +177,11 @@ async def greedy_equivalence(client: AsyncLLMClient, prompts: Sequence[str], *, 
     base = await _map(lambda p: client.generate(p, greedy, model=baseline_model), list(prompts), concurrency, on_done)
     spec = await _map(lambda p: client.generate(p, greedy, model=speculative_model), list(prompts), concurrency, on_done)
     unit = "tokens" if all(r.token_ids is not None for r in base + spec) else "chars"
-    res = EquivalenceResult(tolerance=tolerance, max_tokens=max_tokens, concurrency=concurrency, unit=unit)
+    sources = {r.token_ids_source for r in base + spec}
+    compared = ("server token ids" if sources == {"server"} else "text" if unit == "chars"
+                else "tokenizer token ids (text re-encoded)")
+    res = EquivalenceResult(tolerance=tolerance, max_tokens=max_tokens, concurrency=concurrency, unit=unit,
+                            compared=compared)
     res.prompts = [compare(i, p, b, s, tolerance, client.tokenizer)
                    for i, (p, b, s) in enumerate(zip(prompts, base, spec))]
     return res

@@ -228,7 +228,7 @@ def write_validation_report(result, out: str | os.PathLike, *, max_draft_len: in
         "",
         "## Greedy equivalence",
         "",
-        f"{len(eq.prompts)} prompts × {eq.max_tokens} tokens at concurrency {eq.concurrency}, compared in {eq.unit}; "
+        f"{len(eq.prompts)} prompts × {eq.max_tokens} tokens at concurrency {eq.concurrency}, compared in {eq.unit} ({eq.compared or eq.unit}); "
         f"tolerance {eq.tolerance} ({'exact' if eq.tolerance == 0 else f'the first {eq.tolerance} must match'}). "
         f"Exact: {sum(p.exact for p in eq.prompts)}/{len(eq.prompts)}; mismatch rate {eq.mismatch_rate:.1%}.",
         "",

@@ -22,6 +22,7 @@ from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMCli
 from trtspec.client.errors import ServerUnavailable
 from trtspec.client.loadgen import BenchResult, BenchSettings, bench_async, shape_prompts
 from trtspec.client.metrics import acceptance_summary
+from trtspec.client.targets import ClientOptions, open_client
 from trtspec.client.types import Sampling
 from trtspec.validate.equivalence import EquivalenceResult, SampledResult, greedy_equivalence, sampled_check
 from trtspec.validate.gates import Verdict, evaluate
@@ -118,7 +119,7 @@ async def validate_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], reci
                          speculative_model: str = SPECULATIVE_MODEL, baseline_model: str = BASELINE_MODEL,
                          progress: Progress | None = None) -> ValidationResult:
 
-    clients = [client] if isinstance(client, AsyncLLMClient) else list(client)
+    clients = list(client) if isinstance(client, (list, tuple)) else [client]
     v = recipe.validation
     started = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
@@ -198,16 +199,18 @@ async def validate_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], reci
 
 def run_validation(url: str | Sequence[str], recipe, *, tokenizer: str | None | bool = True,
                    speculative_model: str = SPECULATIVE_MODEL, baseline_model: str = BASELINE_MODEL,
-                   progress: Progress | None = None, ready_timeout_s: float = 30.0) -> ValidationResult:
-    """Blocking entry point. ``url``: one server or several replicas. ``tokenizer=True`` uses the
+                   progress: Progress | None = None, ready_timeout_s: float = 30.0,
+                   client_options: ClientOptions | None = None) -> ValidationResult:
+    """Blocking entry point. ``url``: one server or several replicas (Triton gRPC or OpenAI-compatible
+    http(s); ``client_options``: TLS, headers, endpoint). ``tokenizer=True`` uses the
     recipe target's tokenizer when present (prompt lengths in tokens); ``False``/``None`` uses
     none; a string is a folder."""
     tok = default_tokenizer(recipe) if tokenizer is True else (tokenizer or None)
     urls = [url] if isinstance(url, str) else list(url)
 
     async def main():
-        clients = [AsyncLLMClient(urls[0], tokenizer=tok)]
-        clients += [AsyncLLMClient(u, tokenizer=clients[0].tokenizer) for u in urls[1:]]
+        clients = [open_client(urls[0], tokenizer=tok, options=client_options)]
+        clients += [open_client(u, tokenizer=clients[0].tokenizer, options=client_options) for u in urls[1:]]
         try:
             for c in clients:
                 await c.wait_ready([speculative_model, baseline_model], timeout_s=ready_timeout_s)
