@@ -403,6 +403,9 @@ class Serving(Strict):
     )
     max_queue_size: int = Field(64, ge=0, le=1_000_000)
     ready_timeout_s: float = Field(180, gt=0)
+    decoupled: bool = Field(
+        True, description="NVIDIA's decoupled_mode: true streams (one response per step, gRPC stream API only); "
+        "false renders models that answer one response per request, unary ModelInfer included")
 
 
 class Sampling(Strict):
