@@ -144,6 +144,7 @@ class Router:
     def initialize(self, args: dict) -> None:
         p = model_parameters(args)
         self.name = args["model_name"]
+        self.decoupled = bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled"))
         self.models = {"speculative": p.get("speculative_model") or None, "baseline": p["baseline_model"]}
         # which output set each model has: trtspec's (with perf_json) or the tensorrtllm C++ backend's
         self.kinds = {"speculative": p.get("speculative_model_kind", "trtspec"),
@@ -203,6 +204,11 @@ class Router:
             sender = request.get_response_sender()
             req = parse_or_reject(self.pb, request, sender, self.name)
             if req is None:
+                continue
+            if not self.decoupled and (req.streaming or req.num_return_sequences > 1):
+                what = "stream=true" if req.streaming else f"num_return_sequences={req.num_return_sequences}"
+                send_error(self.pb, sender, f"{self.name}: {what} needs a decoupled model; this repository answers "
+                                            "one response per request (serving.decoupled: false)",)
                 continue
             decision = self.policy.route()
             path = "speculative" if decision.speculative else "baseline"
