@@ -46,14 +46,21 @@ class DraftTargetBls:
         self.target = p["tensorrt_llm_model_name"]
         self.draft = p["tensorrt_llm_draft_model_name"]
         self.num_draft_tokens = int(p["num_draft_tokens"])
+        self.decoupled = bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled"))
         self.threads = RequestThreads()
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             req = parse_or_reject(self.pb, request, sender, self.name)
-            if req is not None:
-                self.threads.start(self._serve, sender, req)
+            if req is None:
+                continue
+            if req.num_return_sequences > 1 or (req.streaming and not self.decoupled):
+                what = ("num_return_sequences > 1 is not supported by the draft-target rounds" if req.num_return_sequences > 1
+                        else "streaming=true needs a decoupled model (serving.decoupled: false here)")
+                send_error(self.pb, sender, f"{self.name}: {what}")
+                continue
+            self.threads.start(self._serve, sender, req)
         return None
 
     def _serve(self, sender, req: GenerationRequest) -> None:
