@@ -220,13 +220,13 @@ class Postprocessing:
                 if self._cancelled(r, key, final):
                     out.append(error_response(pb, "postprocessing: the request was cancelled", invalid_argument=False))
                     continue
+                # one text per (batch item, beam), flat: the shape NVIDIA's postprocessing returns
+                # and its clients read (``as_numpy("text_output")[0].decode()``)
                 texts = []
                 for b in range(tokens.shape[0]):
-                    beams = []
                     for beam in range(tokens.shape[1]):
                         n = int(lengths[b, beam]) if lengths is not None else tokens.shape[2]
-                        beams.append(text_delta(self.decode, tokens[b, beam, :n].tolist(), ctx, final).encode())
-                    texts.append(beams)
+                        texts.append(text_delta(self.decode, tokens[b, beam, :n].tolist(), ctx, final).encode())
                 out.append(pb.InferenceResponse(output_tensors=[
                     pb.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]))
             except Exception as e:  # noqa: BLE001 - answer this request, keep serving
