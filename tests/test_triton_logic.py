@@ -175,9 +175,9 @@ def test_parse_generation_rejects_bad_requests(tensors, message):
 
 def test_router_leaves_sampling_checks_to_the_engine():
     req = parse_generation(_get(input_ids=np.array([[1]], np.int32), request_output_len=one(4, np.int32),
-                                temperature=one(200.0, np.float32), runtime_top_k=one(5, np.int32)),
-                           check_sampling=False)
-    assert req.temperature == 200.0
+                                temperature=one(0.5, np.float32), runtime_top_k=one(5, np.int32),
+                                repetition_penalty=one(0.0, np.float32)), check_sampling=False)
+    assert req.repetition_penalty == 0.0  # invalid: the engine's SamplingParams refuses it
 
 
 # ------------------------------------------------------------------------------ preprocessing limits
