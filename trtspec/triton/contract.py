@@ -143,8 +143,17 @@ _OUTPUT_NOTES = {
 }
 
 
+# Only NVIDIA's text-level BLS declares these; trtspec's tensorrt_llm_bls still speaks the token
+# tensors of tensorrt_llm (draft-target rounds behind the router), not NVIDIA's BLS contract.
+BLS_ONLY = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input", "num_draft_tokens",
+            "use_draft_logits")
+
+
 def input_status(name: str) -> Status:
     """What trtspec does with NVIDIA input ``name`` (any model's spelling)."""
+    if name in BLS_ONLY:
+        return Status("not declared", "NVIDIA's text-level tensorrt_llm_bls only; trtspec's tensorrt_llm_bls takes "
+                                      "tensorrt_llm's token tensors (draft length: its num_draft_tokens parameter)")
     if name in REJECTED_TEXT:
         return Status("rejected", REJECTED_TEXT[name][1])
     engine = _TEXT_TO_ENGINE.get(name, name)
@@ -174,7 +183,8 @@ def input_status(name: str) -> Status:
 
 def output_status(name: str) -> Status:
     if name in _OUTPUT_NOTES:
-        kind = "not produced" if name in ("context_phase_params",) else "implemented"
+        kind = ("not produced" if name == "context_phase_params"
+                else "always empty" if name in ("context_logits", "generation_logits") else "implemented")
         return Status(kind, _OUTPUT_NOTES[name])
     if name in ("DECODER_INPUT_ID", "REQUEST_DECODER_INPUT_LEN", "EMBEDDING_BIAS", "OUT_PROMPT_TABLE_EXTRA_IDS",
                 "PIXEL_VALUES", "ASPECT_RATIO_IDS", "ASPECT_RATIO_MASK", "CROSS_ATTENTION_MASK", "IMAGE_SIZES",
