@@ -522,6 +522,9 @@ class Serving(Strict):
 
         check_tritonserver_args(v)
         return v
+    decoupled: bool = Field(
+        True, description="NVIDIA's decoupled_mode: true streams (one response per step, gRPC stream API only); "
+        "false renders models that answer one response per request, unary ModelInfer included")
 
 
 class Sampling(Strict):

@@ -180,7 +180,7 @@ def test_metrics_move(server, url, prompts):
     ("max_tokens too many", {"max_tokens": 100_000}, "exceeds max_seq_len 512"),
     ("temperature < 0", {"temperature": -1.0}, "temperature must be in"),
     ("top_p > 1", {"top_p": 1.5}, "top_p must be in"),
-    ("top_p = 0", {"top_p": 0.0}, "top_p must be in"),
+    ("top_p < 0", {"top_p": -0.5}, "top_p must be in"),  # 0 is TRT-LLM's "off" (tests/test_contract.py)
     ("top_k < 0", {"top_k": -2}, "top_k must be >= 0"),
     ("unknown sampling input", {"min_p": (0.1, "FP32")}, "unexpected inference input 'min_p'"),
 ])
@@ -236,7 +236,9 @@ def test_draft_input_ids_are_verified_by_the_engine(url, tokenizer):
         return x
 
     plain = [t("input_ids", np.array([ids], np.int32), "INT32"), t("input_lengths", np.array([[len(ids)]], np.int32), "INT32"),
-             t("request_output_len", np.array([[6]], np.int32), "INT32")]
+             t("request_output_len", np.array([[6]], np.int32), "INT32"),
+             # the generated ids only (the model's default, as NVIDIA's, leads with the prompt)
+             t("exclude_input_in_output", np.array([[True]], bool), "BOOL")]
     client.async_stream_infer("tensorrt_llm_baseline", plain)
     _wait(results, 1)
     first = results[0][0].as_numpy("output_ids").reshape(-1).tolist()

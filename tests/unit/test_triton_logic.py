@@ -118,7 +118,7 @@ def test_parse_generation_reads_the_tensorrtllm_inputs():
     ({"input_ids": np.array([[1]], np.int32), "request_output_len": one(4, np.int32),
       "temperature": one(np.nan, np.float32)}, "temperature must be a finite number"),
     ({"input_ids": np.array([[1]], np.int32), "request_output_len": one(4, np.int32),
-      "runtime_top_p": one(0.0, np.float32)}, "top_p must be in"),
+      "runtime_top_p": one(1.5, np.float32)}, "top_p must be in"),
 ])
 def test_parse_generation_rejects_bad_requests(tensors, message):
     with pytest.raises(RequestInputError, match=message):
@@ -127,8 +127,9 @@ def test_parse_generation_rejects_bad_requests(tensors, message):
 
 def test_router_leaves_sampling_checks_to_the_engine():
     req = parse_generation(_get(input_ids=np.array([[1]], np.int32), request_output_len=one(4, np.int32),
-                                temperature=one(-1.0, np.float32)), check_sampling=False)
-    assert req.temperature == -1.0
+                                temperature=one(0.5, np.float32), runtime_top_k=one(5, np.int32),
+                                repetition_penalty=one(0.0, np.float32)), check_sampling=False)
+    assert req.repetition_penalty == 0.0  # invalid: the engine's SamplingParams refuses it
 
 
 # ------------------------------------------------------------------------------ preprocessing limits

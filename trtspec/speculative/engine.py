@@ -29,6 +29,7 @@ import torch
 
 from trtspec.errors import TrtspecError, one_line
 from trtspec.speculative.model import CausalLM, Step
+from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
 from trtspec.speculative.proposers import Proposer
 from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
 from trtspec.speculative.stats import AdaptiveDraftLength, RequestStats
@@ -58,6 +59,7 @@ class Event:
     finished: bool
     finish_reason: str | None  # "stop" | "length" | "cancelled" | None
     stats: RequestStats
+    new_logprobs: list[float] | None = None  # with params.logprobs: one per new token, from the target
 
 
 @dataclass
@@ -66,6 +68,7 @@ class Generation:
     token_ids: list[int]  # generated only
     finish_reason: str
     stats: RequestStats
+    logprobs: list[float] | None = None  # with params.logprobs: one per token in token_ids
 
 
 @dataclass
@@ -77,6 +80,7 @@ class _Slot:
     adaptive: AdaptiveDraftLength | None
     eos: set[int]
     external: list[int] | None = None  # draft tokens supplied with the request (verified in step 1)
+    logprobs: list[float] = field(default_factory=list)  # with params.logprobs: per generated token
 
 
 def _sync(device: torch.device) -> None:
@@ -168,11 +172,13 @@ class Engine:
         ids = torch.tensor([prompt], device=self.device)
         out = self.target(ids, self.cache, Step([slot], [0], len(prompt)), logits="last", hidden_layers=layers)
         logits, hidden = (out[0], out[1]) if layers else (out, None)
-        first = self._pick(logits[0, -1], params, gen)
-        _sync(self.device)
         eos = set(params.stop_token_ids)
         if self.eos_token_id is not None and not params.ignore_eos:
             eos.add(self.eos_token_id)
+        last = process_window(logits[0, -1:], params, list(prompt), len(prompt), [], eos)[0]  # [V]
+        first = self._pick(last, params, gen)
+        first_lp = [float(log_probs(last, params)[first])] if params.logprobs else None
+        _sync(self.device)
         adaptive = (
             AdaptiveDraftLength(self.max_draft_len, self.adaptive_window, self.min_acceptance_rate)
             if self.adaptive
@@ -188,7 +194,7 @@ class Engine:
         stats.ttft_s = now - req.submitted
         stats.started = t0
         self.slots[slot] = s
-        return self._commit(slot, [first], now)
+        return self._commit(slot, [first], now, first_lp)
 
     def cancel(self, request: Request) -> Event | None:
         for i, s in enumerate(self.slots):
@@ -266,6 +272,16 @@ class Engine:
         layers = self.proposer.target_hidden_layers if self.proposer else ()
         out = self.target(inp, self.cache, Step(rows, [self.valid[r] for r in rows], K + 1), hidden_layers=layers)
         logits, hidden = (out[0], torch.cat(out[1], -1)) if layers else (out, None)  # [B, K+1, V]
+        draft_rows = draft_tokens.tolist()
+        # penalties, bad words, min length: position j of a row is processed as if its d_1..d_j
+        # were generated, exactly what plain decoding (K = 0) would see there (processors.py)
+        if any(s.req.params.processed for s in slots):
+            logits = logits.float()
+            for b, s in enumerate(slots):
+                if s.req.params.processed:
+                    k_b = n_drafted[b]
+                    logits[b, : k_b + 1] = process_window(logits[b, : k_b + 1], s.req.params, s.seq,
+                                                          len(s.req.prompt), draft_rows[b][:k_b], s.eos)
 
         # 3. accept
         greedy = [s.req.params.greedy for s in slots]
@@ -287,8 +303,12 @@ class Engine:
         t2 = time.perf_counter()
 
         # 4./5. commit and roll back: the target cache keeps [pending, d_1..d_n]
-        draft_rows = draft_tokens.tolist()
         new = [draft_rows[b][: accepted[b]] + [nexts[b]] for b in range(B)]
+        lps: list[list[float] | None] = [None] * B
+        for b, s in enumerate(slots):
+            if s.req.params.logprobs:  # each new token's log-probability at its own position
+                lp = log_probs(logits[b, : accepted[b] + 1], s.req.params)  # [n+1, V]
+                lps[b] = lp[torch.arange(len(new[b]), device=lp.device), torch.tensor(new[b], device=lp.device)].tolist()
         for b, r in enumerate(rows):
             self.valid[r] += accepted[b] + 1
         seqs_after = [s.seq + n for s, n in zip(slots, new)]
@@ -308,7 +328,7 @@ class Engine:
             s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s)
             if s.adaptive is not None:
                 s.adaptive.update(k_b, accepted[b], self._cost_ratio(), self._verify_ratio())
-            events.append(self._commit(r, new[b], t3))
+            events.append(self._commit(r, new[b], t3, lps[b]))
         return events
 
     def _measure(self, draft_s: float, verify_s: float, K: int, drafted: int) -> None:
@@ -339,10 +359,11 @@ class Engine:
             return {}
         return {k: v / t for k, v in self.cost["verify"].items()}
 
-    def _commit(self, row: int, tokens: list[int], now: float) -> Event:
-        """Append ``tokens`` to the committed sequence; emit them up to EOS / max_new_tokens."""
+    def _commit(self, row: int, tokens: list[int], now: float, logprobs: list[float] | None = None) -> Event:
+        """Append ``tokens`` to the committed sequence; emit them up to EOS, a stop word (kept in
+        the output, as TRT-LLM does) or max_new_tokens."""
         s = self.slots[row]
-        s.seq.extend(tokens)
+        stop_words = s.req.params.stop_words
         emit: list[int] = []
         reason = None
         for t in tokens:
@@ -350,25 +371,35 @@ class Engine:
                 reason = "stop"
                 break
             emit.append(t)
+            if stop_words and ends_with_stop_word(s.seq + emit, stop_words):
+                reason = "stop"
+                break
             if s.stats.generated + len(emit) >= s.req.params.max_new_tokens:
                 reason = "length"
                 break
+        s.seq.extend(tokens)
+        new_lp = None
+        if logprobs is not None:
+            new_lp = logprobs[: len(emit)]
+            s.logprobs.extend(new_lp)
         if reason is None and len(s.seq) >= self.max_seq_len:
             reason = "length"
         s.stats.generated += len(emit)
         s.stats.output_ids.extend(emit)
         if reason is not None:
-            return self._finish(row, reason, now, emit)
-        return Event(s.req, emit, False, None, s.stats)
+            return self._finish(row, reason, now, emit, new_lp)
+        return Event(s.req, emit, False, None, s.stats, new_lp)
 
-    def _finish(self, row: int, reason: str, now: float, emit: list[int] | None = None) -> Event:
+    def _finish(self, row: int, reason: str, now: float, emit: list[int] | None = None,
+                logprobs: list[float] | None = None) -> Event:
         s = self.slots[row]
         s.stats.finish(now, reason, peak_rss_bytes(), peak_device_bytes(self.device))
         self.slots[row] = None
         self.valid[row] = 0
         if self.proposer is not None:
             self.proposer.release(row)
-        return Event(s.req, emit or [], True, reason, s.stats)
+        lp = (logprobs or []) if s.req.params.logprobs else None
+        return Event(s.req, emit or [], True, reason, s.stats, lp)
 
     # ------------------------------------------------------------------ offline API
 
@@ -383,16 +414,20 @@ class Engine:
         for r in pending:
             self.validate(r.prompt, r.params)
         results: dict[int, Generation] = {}
+        lps: dict[int, list[float]] = collections.defaultdict(list)
 
         def done(ev: Event) -> None:
-            results[ev.request.id] = Generation(ev.request, list(ev.stats.output_ids), ev.finish_reason, ev.stats)
+            lp = lps.pop(ev.request.id, []) if ev.request.params.logprobs else None
+            results[ev.request.id] = Generation(ev.request, list(ev.stats.output_ids), ev.finish_reason, ev.stats, lp)
 
         while pending or self.active:
             while pending and self.free_slots:
                 ev = self.add(pending[0].prompt, pending[0].params, pending.popleft())
+                lps[ev.request.id].extend(ev.new_logprobs or [])
                 if ev.finished:
                     done(ev)
             for ev in self.step():
+                lps[ev.request.id].extend(ev.new_logprobs or [])
                 if ev.finished:
                     done(ev)
         return [results[i] for i in range(len(prompts))]

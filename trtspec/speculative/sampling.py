@@ -24,6 +24,15 @@ class SamplingParams:
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # logits processors (trtspec.speculative.processors), applied to the target's logits wherever a
+    # token is chosen or verified, so speculation stays lossless under them
+    repetition_penalty: float = 1.0  # 1.0 = off; >1 discourages tokens of the prompt and output
+    presence_penalty: float = 0.0  # subtracted once from every token already generated
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the generated tokens
+    min_tokens: int = 0  # no EOS / end_id before this many generated tokens
+    bad_words: tuple[tuple[int, ...], ...] = ()  # token sequences never generated
+    stop_words: tuple[tuple[int, ...], ...] = ()  # token sequences that end generation (kept in the output)
+    logprobs: bool = False  # return each generated token's log-probability under the target
 
     def __post_init__(self):
         problems = []
@@ -35,12 +44,29 @@ class SamplingParams:
             problems.append(f"top_k must be >= 0, 0 = off (got {self.top_k})")
         if not (0 < self.top_p <= 1):
             problems.append(f"top_p must be in (0, 1] (got {self.top_p})")
+        if not (self.repetition_penalty > 0) or self.repetition_penalty == float("inf"):
+            problems.append(f"repetition_penalty must be > 0, 1 = off (got {self.repetition_penalty})")
+        for name in ("presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            if not (abs(v) < float("inf")):
+                problems.append(f"{name} must be a finite number (got {v})")
+        if self.min_tokens < 0:
+            problems.append(f"min_tokens must be >= 0 (got {self.min_tokens})")
+        for name in ("bad_words", "stop_words"):
+            if any(len(w) == 0 for w in getattr(self, name)):
+                problems.append(f"{name}: every word must have at least one token")
         if problems:
             raise SamplingError("invalid sampling parameters: " + "; ".join(problems))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+    @property
+    def processed(self) -> bool:
+        """Whether any logits processor changes the target's logits for this request."""
+        return (self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+                or self.min_tokens > 0 or bool(self.bad_words))
 
 
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

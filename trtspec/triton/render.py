@@ -49,7 +49,8 @@ TEMPLATES = templates_dir()
 RUNTIME_SPEC_FILE = "runtime_spec.json"
 REPOSITORY_KIND = "triton-repository"
 # Bumped when the client-visible tensor contract (docs/serving.md) changes.
-CONTRACT_VERSION = 1
+# 2: NVIDIA's full inflight_batcher_llm contract (trtspec/triton/contract.py), serving.decoupled
+CONTRACT_VERSION = 2
 
 _PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
@@ -147,6 +148,7 @@ class ServingInputs:
     probe_every: int  # while fallen back, every n-th speculative-bound request still speculates
     max_draft_len: int
     add_special_tokens: bool = False
+    decoupled: bool = True  # serving.decoupled (NVIDIA's decoupled_mode)
     end_id: int = -1  # the target's EOS, as the engine uses it; -1 = unknown (the model's own applies)
     pad_id: int = -1
     runtime_spec: Any = None  # trtspec.speculative.runtime.RuntimeSpec (torch)
@@ -225,6 +227,7 @@ def inputs_from_recipe(
         acceptance_window=recipe.runtime.adaptive.window,
         probe_every=8,
         max_draft_len=recipe.max_draft_len,
+        decoupled=recipe.serving.decoupled,
         end_id=end_id,
         pad_id=pad_id,
         runtime_spec=spec,
@@ -325,6 +328,7 @@ def _router(name: str, inp: ServingInputs, spec_model: str | None, base_model: s
         "acceptance_window": inp.acceptance_window,
         "probe_every": inp.probe_every,
         "max_draft_len": inp.max_draft_len,
+        "decoupled": inp.decoupled,
     }, role="router" if spec_model else "router (baseline only)")
 
 
@@ -344,6 +348,8 @@ def torch_engine_plan(name: str, inp: ServingInputs, spec, served_by: str) -> Mo
         "served_by": served_by,
         "runtime_spec": RUNTIME_SPEC_FILE,
         "max_queue_size": inp.max_queue_size,
+        "decoupled": inp.decoupled,
+        "exclude_input_in_output": False,
     }, files={f"1/{RUNTIME_SPEC_FILE}": spec.to_json() + "\n"}, role=f"{served_by} engine (torch runtime)")
 
 
@@ -373,6 +379,7 @@ def _tensorrtllm(name: str, inp: ServingInputs, role: str) -> ModelPlan:
         "max_queue_size": inp.max_queue_size,
         "engine_dir": engine_dir,
         "engine_parameters": pbtxt_parameters(params),
+        "decoupled": inp.decoupled,
     }, role=f"{role} engine (tensorrtllm backend)")
 
 
@@ -383,6 +390,7 @@ def bls_plan(inp: ServingInputs, target: str, draft: str, num_draft_tokens: int)
         "tensorrt_llm_model_name": target,
         "tensorrt_llm_draft_model_name": draft,
         "num_draft_tokens": num_draft_tokens,
+        "decoupled": inp.decoupled,
     }, role=f"draft-target rounds (BLS over {draft} + {target})")
 
 
@@ -418,12 +426,14 @@ def _plan_trtllm_engine(inp: ServingInputs):
 def _llmapi(name: str, inp: ServingInputs, *, baseline: bool) -> ModelPlan:
     doc = inp.trtllm.triton_model_yaml(decoupled=True, baseline=baseline)
     # our llmapi model takes [1, ...] tensors from the router (a batch of one), as its config.pbtxt says
-    doc["triton_config"] = {**doc.get("triton_config", {}), "max_batch_size": inp.max_batch_size, "decoupled": True}
+    doc["triton_config"] = {**doc.get("triton_config", {}), "max_batch_size": inp.max_batch_size,
+                            "decoupled": inp.decoupled}
     served_by = "baseline" if baseline else "speculative"
     return ModelPlan(name, "tensorrt_llm/llmapi", {
         "model_name": name,
         "max_batch_size": inp.max_batch_size,
         "served_by": served_by,
+        "decoupled": inp.decoupled,
     }, files={"1/model.yaml": yaml.safe_dump(doc, sort_keys=False)}, role=f"{served_by} (TRT-LLM LLM API)")
 
 

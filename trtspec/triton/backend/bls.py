@@ -47,14 +47,26 @@ class DraftTargetBls:
         self.target = p["tensorrt_llm_model_name"]
         self.draft = p["tensorrt_llm_draft_model_name"]
         self.num_draft_tokens = int(p["num_draft_tokens"])
+        self.decoupled = bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled"))
         self.threads = RequestThreads()
 
     def execute(self, requests):
         for request in requests:
             sender = request.get_response_sender()
             req = parse_or_reject(self.pb, request, sender, self.name)
-            if req is not None:
-                self.threads.start(self._serve, sender, req)
+            if req is None:
+                continue
+            unsupported = [n for n, on in (("num_return_sequences", req.num_return_sequences > 1),
+                                           ("presence_penalty", req.presence_penalty != 0),
+                                           ("frequency_penalty", req.frequency_penalty != 0),
+                                           ("return_log_probs", req.return_log_probs)) if on]
+            if unsupported or (req.streaming and not self.decoupled):
+                what = (f"input '{unsupported[0]}' is not supported by the draft-target rounds (each round "
+                        "re-sends the context as a new prompt)" if unsupported
+                        else "streaming=true needs a decoupled model (serving.decoupled: false here)")
+                send_error(self.pb, sender, f"{self.name}: {what}")
+                continue
+            self.threads.start(self._serve, sender, req)
         return None
 
     def _serve(self, sender, req: GenerationRequest) -> None:
@@ -66,12 +78,16 @@ class DraftTargetBls:
             send_error(self.pb, sender, f"{self.name}: {type(e).__name__}: {e}", invalid_argument=False)
 
     def _generate(self, model: str, req: GenerationRequest, context: list[int], n: int,
-                  drafts: list[int] | None = None) -> list[int]:
+                  drafts: list[int] | None = None, generated: int = 0) -> list[int]:
         """``n`` tokens of ``model`` after ``context`` (fewer if it stops), in one response."""
         pb = self.pb
+        # each round re-sends the whole context as the prompt: the processors that depend only on the
+        # sequence so far (repetition penalty, bad words, stop words) carry over; min_tokens counts on
         sub = GenerationRequest(
             input_ids=context, max_tokens=n, streaming=False, temperature=req.temperature, top_k=req.top_k,
             top_p=req.top_p, seed=req.seed, end_id=req.end_id, pad_id=req.pad_id, draft_input_ids=drafts or None,
+            repetition_penalty=req.repetition_penalty, bad_words=req.bad_words, stop_words=req.stop_words,
+            min_tokens=max(0, req.min_tokens - generated),
         )
         bls = pb.InferenceRequest(
             model_name=model,
@@ -102,9 +118,9 @@ class DraftTargetBls:
             remaining = req.max_tokens - len(out)
             k = min(self.num_draft_tokens, remaining - 1)
             t0 = time.perf_counter()
-            drafts = self._generate(self.draft, req, context, k) if k > 0 else []
+            drafts = self._generate(self.draft, req, context, k, generated=len(out)) if k > 0 else []
             t1 = time.perf_counter()
-            produced = self._generate(self.target, req, context, len(drafts) + 1, drafts)
+            produced = self._generate(self.target, req, context, len(drafts) + 1, drafts, generated=len(out))
             t2 = time.perf_counter()
             stats.record_step(drafted=len(drafts), accepted=common_prefix(drafts, produced),
                               draft_s=t1 - t0, verify_s=t2 - t1)

@@ -30,7 +30,7 @@ from trtspec.triton.backend.common import (
     send_error,
 )
 from trtspec.triton.backend.cancel import STOP_INPUT
-from trtspec.triton.backend.requests import GenerationRequest, RequestInputError, parse_generation
+from trtspec.triton.backend.requests import PERF_OUTPUTS, GenerationRequest, RequestInputError, parse_generation
 from trtspec.speculative.engine import BackgroundEngine
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
 
@@ -82,17 +82,45 @@ def finished_metric_ops(stats, cancelled: bool = False) -> list[tuple]:
     return ops
 
 
-def response_tensors(pb, tokens: list[int], stats, served_by: str, perf_json: str) -> list:
-    """The tensorrtllm backend's outputs for one response (batch 1, beam 1) plus trtspec's extras."""
+def response_tensors(pb, tokens: list[int], stats, served_by: str, perf_json: str, *, logprobs=None,
+                     cum_log_prob: float = 0.0, sequence_index: int = 0, times: dict | None = None) -> list:
+    """The tensorrtllm backend's outputs for one response (batch 1, beam 1) plus trtspec's extras.
+
+    ``logprobs``: this response's tokens' log-probs (output_log_probs) and ``cum_log_prob`` their
+    running sum; ``times``: the perf outputs (arrival_time_ns …, kv_cache_*), all sent every time."""
+    lp = np.array(logprobs or [], dtype=np.float32).reshape(1, 1, -1)
+    times = times or {}
     return [
         pb.Tensor("output_ids", np.array(tokens, dtype=np.int32).reshape(1, 1, -1)),
         pb.Tensor("sequence_length", scalar(len(tokens), np.int32)),
         pb.Tensor("acceptance_rate", scalar(stats.acceptance_rate, np.float32)),
         pb.Tensor("total_accepted_draft_tokens", scalar(stats.accepted, np.int32)),
         pb.Tensor("total_draft_tokens", scalar(stats.drafted, np.int32)),
+        pb.Tensor("cum_log_probs", scalar(cum_log_prob, np.float32)),
+        pb.Tensor("output_log_probs", lp),
+        pb.Tensor("batch_index", scalar(0, np.int32)),
+        pb.Tensor("sequence_index", scalar(sequence_index, np.int32)),
+        *(pb.Tensor(name, scalar(times.get(name, 0), np.int32 if name.startswith("kv_") else np.int64))
+          for name in PERF_OUTPUTS),
         pb.Tensor("served_by", scalar(served_by, object)),
         pb.Tensor("perf_json", scalar(perf_json, object)),
     ]
+
+
+class _Group:
+    """The n sequences of one request (num_return_sequences): one response sender, closed by the
+    last sequence to finish."""
+
+    def __init__(self, n: int):
+        self.remaining = n
+        self.lock = threading.Lock()
+        self.failed = False
+
+    def finish_one(self) -> bool:
+        """Count one finished sequence; True for the last one."""
+        with self.lock:
+            self.remaining -= 1
+            return self.remaining == 0
 
 
 class _Counters:
@@ -106,9 +134,17 @@ class _Counters:
 class _Stream:
     """One request's responses, sent from the engine thread."""
 
-    def __init__(self, model: "EngineModel", sender, req: GenerationRequest, request_id: str = ""):
+    def __init__(self, model: "EngineModel", sender, req: GenerationRequest, request_id: str = "",
+                 index: int = 0, group: _Group | None = None):
         self.model, self.sender, self.req, self.request_id = model, sender, req, request_id
+        self.index, self.group = index, group or _Group(1)
         self.tokens: list[int] = []  # non-streaming: everything so far
+        self.logprobs: list[float] = []  # non-streaming: everything so far
+        self.cum_log_prob = 0.0
+        # perf outputs (NVIDIA's return_perf_metrics), wall clock in ns
+        self.arrival_ns = time.time_ns()
+        self.first_token_ns = 0
+        self.last_token_ns = 0
         self.cancel_checked = 0.0
         self.stop_requested = False  # set by a stop request with this request's id
         # draft_input_ids are the tokens right after the prompt (the tensorrtllm backend verifies
@@ -130,32 +166,62 @@ class _Stream:
             d.update(drafted=c.drafted, accepted=c.accepted, acceptance_rate=round(c.acceptance_rate, 4))
         return json.dumps(d)
 
+    def times(self, stats) -> dict:
+        return {
+            "arrival_time_ns": self.arrival_ns,
+            "first_scheduled_time_ns": self.arrival_ns + int(stats.queue_s * 1e9),
+            "first_token_time_ns": self.first_token_ns,
+            "last_token_time_ns": self.last_token_ns,
+            "kv_cache_alloc_new_blocks": 1,  # one contiguous KV slot per request
+            "kv_cache_reused_blocks": 0,
+            "kv_cache_alloc_total_blocks": 1,
+        }
+
+    def _tensors(self, tokens: list[int], logprobs: list[float], counters, perf: str, stats) -> list:
+        return response_tensors(self.model.pb, tokens, counters, self.model.served_by, perf, logprobs=logprobs,
+                                cum_log_prob=self.cum_log_prob, sequence_index=self.index, times=self.times(stats))
+
     def on_event(self, ev) -> bool | None:
         pb = self.model.pb
         if ev.finished:
             self.model.forget(self)
         if ev.finish_reason and ev.finish_reason.startswith("error"):
-            send_error(pb, self.sender, f"generation failed: {ev.finish_reason[len('error: '):]}",
-                       invalid_argument=False)
+            self.group.finish_one()
+            if not self.group.failed:  # the first failing sequence answers (and closes) the request
+                self.group.failed = True
+                send_error(pb, self.sender, f"generation failed: {ev.finish_reason[len('error: '):]}",
+                           invalid_argument=False)
             self.model.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
             return None
+        if self.group.failed:
+            if ev.finished:
+                self.group.finish_one()
+                self.model.metrics.apply(finished_metric_ops(ev.stats, True))
+            return False
+        if ev.new_tokens:
+            self.last_token_ns = time.time_ns()
+            self.first_token_ns = self.first_token_ns or self.last_token_ns
+        new_lp = list(ev.new_logprobs or [])
+        self.cum_log_prob += float(sum(new_lp))
         if self.first_draft is not None and ev.stats.generated == len(ev.new_tokens) and ev.new_tokens:
             self.first_accepted = int(ev.new_tokens[0] == self.first_draft)
         counters = self.counters(ev.stats)
         perf = self.perf_json(ev.stats) if ev.finished else ""
         if ev.finished:  # before the final response: a client that reads /metrics next sees this request
             self.model.metrics.apply(finished_metric_ops(ev.stats, ev.finish_reason == "cancelled"))
-        if self.req.streaming:
+        final = ev.finished and self.group.finish_one()
+        flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+        if self.req.streaming:  # new tokens only, never the prompt (as TRT-LLM streams)
             if ev.new_tokens or ev.finished:
-                tensors = response_tensors(pb, ev.new_tokens, counters, self.model.served_by, perf)
-                flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if ev.finished else 0
+                tensors = self._tensors(ev.new_tokens, new_lp, counters, perf, ev.stats)
                 self.sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
         else:
             self.tokens.extend(ev.new_tokens)
+            self.logprobs.extend(new_lp)
             if ev.finished:
-                tensors = response_tensors(pb, self.tokens, counters, self.model.served_by, perf)
-                self.sender.send(pb.InferenceResponse(output_tensors=tensors),
-                                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+                ids = self.tokens if self.req.exclude_input_in_output else self.req.input_ids + self.tokens
+                tensors = self._tensors(ids, self.logprobs, counters, perf, ev.stats)
+                self.sender.send(pb.InferenceResponse(output_tensors=tensors), flags=flags)
         if ev.finished:
             return None
         if self.stop_requested:
@@ -179,6 +245,10 @@ class EngineModel:
         p = model_parameters(args)
         self.name = args["model_name"]
         self.served_by = p.get("served_by", "speculative")
+        cfg = json.loads(args["model_config"])
+        self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled", False))
+        # NVIDIA's model parameter: whether output_ids leave out the prompt when a request does not say
+        self.exclude_input_default = p.get("exclude_input_in_output", "true").lower() == "true"
         spec_path = pathlib.Path(args["model_repository"]) / args["model_version"] / p["runtime_spec"]
         spec = RuntimeSpec.from_json(spec_path.read_text())
         self.engine = build_engine(spec)
@@ -210,26 +280,45 @@ class EngineModel:
         stop = input_array(self.pb, request, STOP_INPUT)
         if stop is not None and bool(stop.reshape(-1)[0]):
             self._stop(request.request_id())
-            sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            if self.decoupled:
+                sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            else:  # a unary request needs a response
+                sender.send(self.pb.InferenceResponse(output_tensors=[]), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         try:
-            req = parse_generation(lambda name: input_array(self.pb, request, name))
+            req = parse_generation(lambda name: input_array(self.pb, request, name),
+                                   exclude_input_default=self.exclude_input_default)
+            if not self.decoupled and req.streaming:
+                raise RequestInputError("streaming=true needs a decoupled model; this one answers one response "
+                                        "per request (serving.decoupled: false)", fix="send streaming=false")
+            if not self.decoupled and req.num_return_sequences > 1:
+                raise RequestInputError(f"num_return_sequences={req.num_return_sequences} needs a decoupled model "
+                                        "(one response per sequence)", fix="send 1, or serve with serving.decoupled: true")
             kwargs = {}
             if req.draft_input_ids:
                 if not self.external_drafts:
                     raise RequestInputError("draft_input_ids: this engine cannot verify external drafts",
                                             fix="omit draft_input_ids")
+                if req.num_return_sequences > 1:
+                    raise RequestInputError("draft_input_ids with num_return_sequences > 1",
+                                            fix="send one sequence per request with external drafts")
                 if len(req.draft_input_ids) > 1:
                     kwargs["draft_tokens"] = req.draft_input_ids[1:]  # the first is checked by _Stream
-            stream = _Stream(self, sender, req, request.request_id())
-            self.metrics.apply([("increment", "trtspec_inflight_requests", 1, {})])
-            self._remember(stream)
-            try:
-                self.background.submit(req.input_ids, req.sampling_params(), stream.on_event, **kwargs)
-            except BaseException:
-                self.forget(stream)
-                self.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
-                raise
+            n = req.num_return_sequences
+            # n sequences: one engine request each; a seeded request gets seeds seed, seed+1, …
+            params = [req.sampling_params(None if req.seed is None else req.seed + i) for i in range(n)]
+            group = _Group(n)
+            streams = [_Stream(self, sender, req, request.request_id(), i, group) for i in range(n)]
+            for stream, sp in zip(streams, params):
+                self.metrics.apply([("increment", "trtspec_inflight_requests", 1, {})])
+                self._remember(stream)
+                try:
+                    self.background.submit(req.input_ids, sp, stream.on_event, **kwargs)
+                except BaseException:
+                    self.forget(stream)
+                    self.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
+                    group.failed = True  # those already submitted stop at their next step, silently
+                    raise
         except TrtspecError as e:
             send_error(self.pb, sender, f"{self.name}: {e}")
         except Exception as e:  # noqa: BLE001 - one bad request must not take the model down

@@ -58,8 +58,17 @@ class LlmApiModel:
         for request in requests:
             sender = request.get_response_sender()
             req = parse_or_reject(self.pb, request, sender, self.name)
-            if req is not None:
-                self.threads.start(self._serve, sender, req)
+            if req is None:
+                continue
+            # not mapped onto the LLM API's SamplingParams here (untested without TRT-LLM): refused clearly
+            unmapped = [n for n, on in (("stop_words_list", bool(req.stop_words)), ("bad_words_list", bool(req.bad_words)),
+                                        ("return_log_probs", req.return_log_probs),
+                                        ("num_return_sequences", req.num_return_sequences > 1)) if on]
+            if unmapped:
+                send_error(self.pb, sender, f"{self.name}: input '{unmapped[0]}' is not supported by the LLM-API "
+                                            "model (it serves the penalties, min_tokens and sampling)")
+                continue
+            self.threads.start(self._serve, sender, req)
         return None
 
     def _serve(self, sender, req: GenerationRequest) -> None:
@@ -70,7 +79,9 @@ class LlmApiModel:
         pb = self.pb
         try:
             sp = SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k or None,
-                                top_p=req.top_p, seed=req.seed, end_id=req.end_id, return_perf_metrics=True)
+                                top_p=req.top_p, seed=req.seed, end_id=req.end_id, return_perf_metrics=True,
+                                repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
+                                frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens)
             t0 = time.perf_counter()
             result = self.llm.generate_async(req.input_ids, sampling_params=sp, streaming=req.streaming)
             sent = 0

@@ -14,12 +14,17 @@ from typing import Callable
 import numpy as np
 
 from trtspec.errors import TrtspecError
+from trtspec.triton.contract import DEFAULT_ONLY, REJECTED
 
+# NVIDIA's per-request outputs beside output_ids/sequence_length (tensorrtllm backend, return_* inputs).
+PERF_OUTPUTS = ("kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks",
+                "arrival_time_ns", "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns")
+# What NVIDIA's tensorrtllm C++ backend returns (with return_perf_metrics=true, return_log_probs=true).
+TENSORRTLLM_OUTPUTS = ("output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens",
+                       "total_draft_tokens", "cum_log_probs", "output_log_probs", "batch_index", "sequence_index",
+                       *PERF_OUTPUTS)
 # What every trtspec generation model (torch engine, LLM API, draft-target BLS) returns.
-ENGINE_OUTPUTS = ("output_ids", "sequence_length", "acceptance_rate", "total_accepted_draft_tokens",
-                  "total_draft_tokens", "served_by", "perf_json")
-# What NVIDIA's tensorrtllm C++ backend returns (with return_perf_metrics=true).
-TENSORRTLLM_OUTPUTS = ENGINE_OUTPUTS[:5]
+ENGINE_OUTPUTS = (*TENSORRTLLM_OUTPUTS, "served_by", "perf_json")
 
 
 class RequestInputError(TrtspecError):
@@ -42,14 +47,26 @@ class GenerationRequest:
     return_perf_metrics: bool = False
     exclude_input_in_output: bool = True
     draft_input_ids: list[int] | None = None
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    min_tokens: int = 0
+    stop_words: tuple[tuple[int, ...], ...] = ()
+    bad_words: tuple[tuple[int, ...], ...] = ()
+    return_log_probs: bool = False
+    num_return_sequences: int = 1
 
-    def sampling_params(self):
-        """The engine's :class:`SamplingParams` (raises SamplingError on invalid values)."""
+    def sampling_params(self, seed: int | None = None):
+        """The engine's :class:`SamplingParams` (raises SamplingError on invalid values); ``seed``
+        overrides the request's (one per returned sequence)."""
         from trtspec.speculative.sampling import SamplingParams  # lazy: trtspec.speculative.sampling needs torch; this module stays importable without it
 
         stop = (self.end_id,) if self.end_id is not None else ()
         return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, seed=self.seed, stop_token_ids=stop)
+                              top_p=self.top_p, seed=self.seed if seed is None else seed, stop_token_ids=stop,
+                              repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
+                              frequency_penalty=self.frequency_penalty, min_tokens=self.min_tokens,
+                              bad_words=self.bad_words, stop_words=self.stop_words, logprobs=self.return_log_probs)
 
     def validate_sampling(self) -> None:
         """Check the sampling values the way the engine will, as a request error."""
@@ -58,7 +75,8 @@ class GenerationRequest:
         try:
             self.sampling_params()
         except SamplingError as e:
-            raise RequestInputError(e.message, fix="temperature >= 0, top_k >= 0, 0 < top_p <= 1") from None
+            raise RequestInputError(e.message, fix="temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
+                                    "repetition_penalty > 0, min_tokens >= 0") from None
 
 
 Get = Callable[[str], "np.ndarray | None"]
@@ -97,11 +115,56 @@ def _ids(get: Get, name: str, *, required: bool = False) -> list[int] | None:
     return None if a is None else [int(x) for x in a.reshape(-1)]
 
 
-def parse_generation(get: Get, *, check_sampling: bool = True) -> GenerationRequest:
+def words_list(get: Get, name: str) -> tuple[tuple[int, ...], ...]:
+    """NVIDIA's word-list tensor ``[1, 2, n]``: row 0 the words' ids back to back (padded), row 1
+    each word's end offset (padded with -1) → the words as id tuples."""
+    a = get(name)
+    if a is None:
+        return ()
+    a = np.asarray(a)
+    if a.ndim == 2:  # [2, n]: a client that left out the batch dimension of one
+        a = a[None]
+    if a.ndim != 3 or a.shape[0] != 1 or a.shape[1] != 2:
+        raise RequestInputError(f"input '{name}' must be shaped [1, 2, n] (ids, offsets), got {list(a.shape)}",
+                                fix="send the STOP_WORDS_IDS / BAD_WORDS_IDS preprocessing returns")
+    ids, offsets = a[0, 0].tolist(), a[0, 1].tolist()
+    words, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if not start < end <= len(ids):
+            raise RequestInputError(f"input '{name}': word offsets must increase within the ids, got {offsets}",
+                                    fix="offsets are cumulative end positions, padded with -1")
+        words.append(tuple(int(x) for x in ids[start:end]))
+        start = end
+    return tuple(words)
+
+
+def check_unsupported(get: Get) -> None:
+    """INVALID_ARG for an input of NVIDIA's contract that trtspec refuses (trtspec.triton.contract)."""
+
+    for name, why in REJECTED.items():
+        if get(name) is not None:
+            raise RequestInputError(f"input '{name}' is not supported: {why}", fix=f"omit '{name}'")
+    for name, (default, why) in DEFAULT_ONLY.items():
+        a = get(name)
+        if a is not None and any(x != default for x in np.asarray(a).reshape(-1).tolist()):
+            raise RequestInputError(f"input '{name}'={np.asarray(a).reshape(-1).tolist()} is not supported: {why}",
+                                    fix=f"send {name}={json_value(default)} or omit it")
+
+
+def json_value(v) -> str:
+    return "true" if v is True else "false" if v is False else str(v)
+
+
+def parse_generation(get: Get, *, check_sampling: bool = True, exclude_input_default: bool = True) -> GenerationRequest:
     """Read the tensorrtllm backend's inputs (``get(name)`` → array or None when absent).
 
     ``check_sampling=False`` leaves the sampling values to the generation model (the router does:
-    it stays free of torch, which the engine's SamplingParams imports)."""
+    it stays free of torch, which the engine's SamplingParams imports). ``exclude_input_default``:
+    whether output_ids leave out the prompt when the request does not say (NVIDIA's model
+    parameter ``exclude_input_in_output``)."""
+    check_unsupported(get)
     ids = _ids(get, "input_ids", required=True)
     n = _one(get, "input_lengths")
     if n is not None:
@@ -118,24 +181,56 @@ def parse_generation(get: Get, *, check_sampling: bool = True) -> GenerationRequ
     temperature = _one(get, "temperature")
     top_k = _one(get, "runtime_top_k")
     top_p = _one(get, "runtime_top_p")
-    for name, v in (("temperature", temperature), ("top_p", top_p)):
+    floats = {n: _one(get, n) for n in ("repetition_penalty", "presence_penalty", "frequency_penalty")}
+    for name, v in (("temperature", temperature), ("top_p", top_p), *floats.items()):
         if v is not None and not math.isfinite(v):
             raise RequestInputError(f"{name} must be a finite number, got {v}")
+    if temperature is not None and not 0 <= temperature <= 100:
+        raise RequestInputError(f"temperature must be in [0, 100], got {temperature}", fix="0 = greedy")
+    if top_p is not None and not 0 <= top_p <= 1:
+        raise RequestInputError(f"top_p must be in [0, 1] (0 = off), got {top_p}", fix="send runtime_top_p / top_p in [0, 1]")
+    if top_k is not None and top_k < 0:
+        raise RequestInputError(f"top_k must be >= 0 (0 = off), got {top_k}", fix="send runtime_top_k / top_k >= 0")
+    # TRT-LLM's rule: sampling needs top_k > 1 or top_p > 0 (top_k 1, or neither set, is greedy at
+    # any temperature; an absent temperature is 1); temperature 0 is greedy too
+    greedy = temperature == 0 or top_k == 1 or ((top_k or 0) == 0 and (top_p or 0) == 0)
+    if temperature is None:
+        temperature = 1.0
+    seeds = [(n, _one(get, n)) for n in ("seed", "random_seed")]
+    seeds = [(n, v) for n, v in seeds if v is not None]
+    if len(seeds) == 2 and seeds[0][1] != seeds[1][1]:
+        raise RequestInputError(f"seed={seeds[0][1]} and random_seed={seeds[1][1]} disagree",
+                                fix="send one of them (random_seed is the older name of seed)")
+    n_seq = _one(get, "num_return_sequences")
+    if n_seq is not None and n_seq < 1:
+        raise RequestInputError(f"num_return_sequences must be >= 1, got {n_seq}", fix="send 1 or more")
+    min_tokens = _one(get, "min_tokens")
+    if min_tokens is not None and min_tokens < 0:
+        raise RequestInputError(f"min_tokens must be >= 0, got {min_tokens}")
+    exclude = _one(get, "exclude_input_in_output")
     end_id, pad_id = _one(get, "end_id"), _one(get, "pad_id")
     drafts = _ids(get, "draft_input_ids")
     req = GenerationRequest(
         input_ids=ids,
         max_tokens=int(max_tokens),
         streaming=bool(_one(get, "streaming") or False),
-        temperature=0.0 if temperature is None else float(temperature),
-        top_k=0 if top_k is None else int(top_k),
-        top_p=1.0 if top_p is None else float(top_p),
-        seed=_one(get, "seed"),
+        temperature=0.0 if greedy else float(temperature),
+        top_k=0 if greedy or top_k is None else int(top_k),
+        top_p=1.0 if greedy or not top_p else float(top_p),
+        seed=None if not seeds else int(seeds[0][1]),
         end_id=None if end_id is None or end_id < 0 else int(end_id),
         pad_id=None if pad_id is None or pad_id < 0 else int(pad_id),
         return_perf_metrics=bool(_one(get, "return_perf_metrics") or False),
-        exclude_input_in_output=bool(True if (x := _one(get, "exclude_input_in_output")) is None else x),
+        exclude_input_in_output=exclude_input_default if exclude is None else bool(exclude),
         draft_input_ids=drafts or None,
+        repetition_penalty=1.0 if floats["repetition_penalty"] is None else float(floats["repetition_penalty"]),
+        presence_penalty=float(floats["presence_penalty"] or 0.0),
+        frequency_penalty=float(floats["frequency_penalty"] or 0.0),
+        min_tokens=int(min_tokens or 0),
+        stop_words=words_list(get, "stop_words_list"),
+        bad_words=words_list(get, "bad_words_list"),
+        return_log_probs=bool(_one(get, "return_log_probs") or False),
+        num_return_sequences=int(n_seq or 1),
     )
     if check_sampling:
         req.validate_sampling()
@@ -154,7 +249,16 @@ def engine_inputs(req: GenerationRequest, *, with_drafts: bool = True) -> dict[s
         "runtime_top_p": np.array([[req.top_p]], dtype=np.float32),
         "return_perf_metrics": np.array([[True]], dtype=bool),
         "exclude_input_in_output": np.array([[True]], dtype=bool),
+        "repetition_penalty": np.array([[req.repetition_penalty]], dtype=np.float32),
+        "presence_penalty": np.array([[req.presence_penalty]], dtype=np.float32),
+        "frequency_penalty": np.array([[req.frequency_penalty]], dtype=np.float32),
+        "min_tokens": np.array([[req.min_tokens]], dtype=np.int32),
+        "return_log_probs": np.array([[req.return_log_probs]], dtype=bool),
+        "num_return_sequences": np.array([[req.num_return_sequences]], dtype=np.int32),
     }
+    for name, words in (("stop_words_list", req.stop_words), ("bad_words_list", req.bad_words)):
+        if words:
+            t[name] = words_tensor(words)
     if req.seed is not None:
         t["seed"] = np.array([[req.seed]], dtype=np.uint64)
     if req.end_id is not None:
@@ -164,3 +268,16 @@ def engine_inputs(req: GenerationRequest, *, with_drafts: bool = True) -> dict[s
     if with_drafts and req.draft_input_ids:
         t["draft_input_ids"] = np.array([req.draft_input_ids], dtype=np.int32)
     return t
+
+
+def words_tensor(words) -> np.ndarray:
+    """Words (id sequences) → NVIDIA's ``[1, 2, n]`` int32 list: ids back to back, end offsets
+    (ids padded with 0, offsets with -1); no words → ``[1, 2, 0]``."""
+    flat = [i for w in words for i in w]
+    offsets = list(np.cumsum([len(w) for w in words])) if words else []
+    n = max(len(flat), len(offsets))
+    out = np.zeros((1, 2, n), dtype=np.int32)
+    out[0, 0, : len(flat)] = flat
+    out[0, 1, :] = -1
+    out[0, 1, : len(offsets)] = offsets
+    return out

@@ -45,6 +45,7 @@ from trtspec.triton.backend.detok import DetokWindow
 from trtspec.triton.procs import alive, is_instance_of, stubs_of
 from trtspec.triton.backend.requests import (
     ENGINE_OUTPUTS,
+    PERF_OUTPUTS,
     TENSORRTLLM_OUTPUTS,
     GenerationRequest,
     engine_inputs,
@@ -73,11 +74,20 @@ class _Item:
     """One response of the generation model, read out of its tensors (``get(name)``: the output
     as numpy, or None when the response lacks it)."""
 
-    __slots__ = ("ids", "acceptance_rate", "accepted", "drafted", "served_by", "perf_json")
+    __slots__ = ("ids", "acceptance_rate", "accepted", "drafted", "served_by", "perf_json", "index",
+                 "cum_log_prob", "logprobs", "times")
 
     def __init__(self, get, default_served_by: str):
         ids = get("output_ids")
         self.ids = [] if ids is None else [int(x) for x in ids.reshape(-1)]
+        idx, cum, lps = get("sequence_index"), get("cum_log_probs"), get("output_log_probs")
+        self.index = 0 if idx is None else int(idx.reshape(-1)[0])
+        self.cum_log_prob = 0.0 if cum is None or cum.size == 0 else float(cum.reshape(-1)[0])
+        self.logprobs = [] if lps is None else [float(x) for x in lps.reshape(-1)]
+        self.times = {}
+        for name in PERF_OUTPUTS:
+            a = get(name)
+            self.times[name] = 0 if a is None or a.size == 0 else int(a.reshape(-1)[0])
         ar = get("acceptance_rate")
         acc = get("total_accepted_draft_tokens")
         dr = get("total_draft_tokens")
@@ -134,6 +144,7 @@ class Router:
     def initialize(self, args: dict) -> None:
         p = model_parameters(args)
         self.name = args["model_name"]
+        self.decoupled = bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled"))
         self.models = {"speculative": p.get("speculative_model") or None, "baseline": p["baseline_model"]}
         # which output set each model has: trtspec's (with perf_json) or the tensorrtllm C++ backend's
         self.kinds = {"speculative": p.get("speculative_model_kind", "trtspec"),
@@ -189,6 +200,11 @@ class Router:
             sender = request.get_response_sender()
             req = parse_or_reject(self.pb, request, sender, self.name)
             if req is None:
+                continue
+            if not self.decoupled and (req.streaming or req.num_return_sequences > 1):
+                what = "stream=true" if req.streaming else f"num_return_sequences={req.num_return_sequences}"
+                send_error(self.pb, sender, f"{self.name}: {what} needs a decoupled model; this repository answers "
+                                            "one response per request (serving.decoupled: false)",)
                 continue
             decision = self.policy.route()
             path = "speculative" if decision.speculative else "baseline"
@@ -292,9 +308,18 @@ class Router:
                 return
 
     def _relay_items(self, relay: _Relay, req: GenerationRequest, path: str, items) -> None:
-        """Re-stream the engine's responses (``items``) to the client."""
+        """Re-stream the engine's responses (``items``) to the client: one detokenizer window per
+        returned sequence; the request ends with the last sequence's final response."""
         model = self.models[path]
-        window = DetokWindow(() if req.exclude_input_in_output else req.input_ids)
+        # the prompt's text leads the output when the client asked for it, except when streaming
+        # (TRT-LLM never streams the prompt back)
+        echo = () if req.exclude_input_in_output or req.streaming else req.input_ids
+        windows: dict[int, DetokWindow] = {}
+        left = req.num_return_sequences
+
+        def window(item: _Item) -> DetokWindow:
+            return windows.setdefault(item.index, DetokWindow(echo))
+
         pending: _Item | None = None
         last: _Item | None = None
         for item in items:
@@ -305,28 +330,31 @@ class Router:
                     relay.done = True
                     relay.sender.send(item.response(), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 return
-            if item.perf_json is not None:  # trtspec model: the final response says so
-                final = item.perf_json != ""
-                if final:  # update the policy before the client can send its next request
+            if item.perf_json is not None:  # trtspec model: each sequence's final response says so
+                seq_final = item.perf_json != ""
+                if seq_final:  # update the policy before the client can send its next request
+                    left -= 1
                     self._finished(path, item)
-                self._send(relay, item, window, final)
+                self._send(relay, item, window(item), seq_final, left == 0)
                 last = item
-                if final:
+                if left == 0:
                     return
             else:  # tensorrtllm backend: hold one back to know which is last
                 if pending is not None:
-                    self._send(relay, pending, window, False)
+                    self._send(relay, pending, window(pending), False, False)
                 pending = item
         if pending is not None:
             self._finished(path, pending)
-            self._send(relay, pending, window, True)
+            self._send(relay, pending, window(pending), True, True)
         elif last is not None:  # closed without a final-marked response: close the stream ourselves
             self._finished(path, last)
-            self._send(relay, _empty_like(last), window, True)
+            self._send(relay, _empty_like(last), window(last), True, True)
         else:
             raise RuntimeError(f"{model} closed the request without a response")
 
-    def _send(self, relay: _Relay, item: _Item, window: DetokWindow, final: bool) -> None:
+    def _send(self, relay: _Relay, item: _Item, window: DetokWindow, seq_final: bool, final: bool) -> None:
+        """One response to the client: ``seq_final`` ends this sequence's text (postprocessing
+        flushes held-back bytes), ``final`` the whole request."""
         pb = self.pb
         ids, ctx = window.next(item.ids)
         tensors = [
@@ -334,12 +362,21 @@ class Router:
             pb.Tensor("acceptance_rate", scalar(item.acceptance_rate, np.float32)),
             pb.Tensor("total_accepted_draft_tokens", scalar(item.accepted, np.int32)),
             pb.Tensor("total_draft_tokens", scalar(item.drafted, np.int32)),
+            pb.Tensor("cum_log_probs", scalar(item.cum_log_prob, np.float32)),
+            pb.Tensor("output_log_probs", np.array(item.logprobs, dtype=np.float32).reshape(1, 1, -1)),
+            # declared for NVIDIA's contract; return_*_logits true is rejected, so always empty
+            pb.Tensor("context_logits", np.zeros((1, 0, 0), dtype=np.float32)),
+            pb.Tensor("generation_logits", np.zeros((1, 1, 0, 0), dtype=np.float32)),
+            pb.Tensor("batch_index", scalar(0, np.int32)),
+            pb.Tensor("sequence_index", scalar(item.index, np.int32)),
+            *(pb.Tensor(n, scalar(item.times.get(n, 0), np.int32 if n.startswith("kv_") else np.int64))
+              for n in PERF_OUTPUTS),
             pb.Tensor("served_by", scalar(item.served_by, object)),
-            pb.Tensor("perf_json", scalar((item.perf_json or "") if final else "", object)),
+            pb.Tensor("perf_json", scalar((item.perf_json or "") if seq_final else "", object)),
             pb.Tensor("detok_ids", np.array(ids, dtype=np.int32).reshape(1, 1, -1)),
             pb.Tensor("detok_length", scalar(len(ids), np.int32)),
             pb.Tensor("detok_context_length", scalar(ctx, np.int32)),
-            pb.Tensor("is_final", scalar(final, bool)),
+            pb.Tensor("is_final", scalar(seq_final, bool)),
             pb.Tensor("request_key", scalar(relay.key, object)),
         ]
         with relay.lock:
@@ -485,5 +522,6 @@ def _empty_like(item: _Item) -> _Item:
     """A response with no new tokens but the request's final counters (closes the stream)."""
     e = object.__new__(_Item)
     e.ids, e.acceptance_rate, e.accepted, e.drafted = [], item.acceptance_rate, item.accepted, item.drafted
-    e.served_by, e.perf_json = item.served_by, item.perf_json
+    e.served_by, e.perf_json, e.index = item.served_by, item.perf_json, item.index
+    e.cum_log_prob, e.logprobs, e.times = item.cum_log_prob, [], item.times
     return e

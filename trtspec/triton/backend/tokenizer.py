@@ -17,7 +17,8 @@ import numpy as np
 from trtspec.triton.backend.common import error_response, input_array, model_parameters
 from trtspec.triton.backend.cancel import CHECK_EVERY_S, parse_request_key, send_stop
 from trtspec.triton.backend.detok import text_delta
-from trtspec.triton.backend.requests import RequestInputError
+from trtspec.triton.backend.requests import RequestInputError, words_tensor
+from trtspec.triton.contract import REJECTED_TEXT
 
 
 class Tokenizer:
@@ -103,8 +104,30 @@ class Preprocessing:
             )
         return ids, mt
 
+    def words(self, a: np.ndarray | None, name: str) -> list[tuple[int, ...]]:
+        """NVIDIA's ``STOP_WORDS_DICT`` / ``BAD_WORDS_DICT``: strings ``[1, n]`` → their token ids
+        (each word tokenized on its own, without special tokens; a word of no tokens is dropped)."""
+        if a is None:
+            return []
+        if a.ndim == 0 or a.shape[0] != 1:
+            raise RequestInputError(f"input '{name}' must be shaped [1, n] (one list of words per request), "
+                                    f"got {list(a.shape)}", fix="send one prompt per request")
+        out = []
+        for w in a.reshape(-1).tolist():
+            try:
+                text = w.decode("utf-8") if isinstance(w, bytes) else str(w)
+            except UnicodeDecodeError as e:
+                raise RequestInputError(f"input '{name}' holds a word that is not valid UTF-8 ({e})") from None
+            ids = self.tokenizer.encode(text, False)
+            if ids:
+                out.append(tuple(ids))
+        return out
+
     def _one(self, r) -> list:
         pb = self.pb
+        for tensor, (name, why) in REJECTED_TEXT.items():
+            if input_array(pb, r, tensor) is not None:
+                raise RequestInputError(f"input '{name}' ({tensor}) is not supported: {why}", fix=f"omit '{name}'")
         q = _first(input_array(pb, r, "QUERY"), "text_input")
         if q is None:
             raise RequestInputError("text_input is missing", fix="send text_input")
@@ -116,13 +139,17 @@ class Preprocessing:
         ids, mt = self.tokenize(text, None if mt is None else int(mt))
         end_id = _first(input_array(pb, r, "END_ID"), "end_id")
         pad_id = _first(input_array(pb, r, "PAD_ID"), "pad_id")
+        stop = self.words(input_array(pb, r, "STOP_WORDS_DICT"), "stop_words")
+        bad = self.words(input_array(pb, r, "BAD_WORDS_DICT"), "bad_words")
         one = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
         return [
             pb.Tensor("INPUT_ID", np.array([ids], dtype=np.int32)),
             pb.Tensor("REQUEST_INPUT_LEN", one(len(ids))),
-            pb.Tensor("OUT_REQUEST_OUTPUT_LEN", one(mt)),
+            pb.Tensor("REQUEST_OUTPUT_LEN", one(mt)),
             pb.Tensor("OUT_END_ID", one(self.end_id if end_id is None else int(end_id))),
             pb.Tensor("OUT_PAD_ID", one(self.pad_id if pad_id is None else int(pad_id))),
+            pb.Tensor("STOP_WORDS_IDS", words_tensor(stop)),
+            pb.Tensor("BAD_WORDS_IDS", words_tensor(bad)),
         ]
 
 
@@ -193,13 +220,13 @@ class Postprocessing:
                 if self._cancelled(r, key, final):
                     out.append(error_response(pb, "postprocessing: the request was cancelled", invalid_argument=False))
                     continue
+                # one text per (batch item, beam), flat: the shape NVIDIA's postprocessing returns
+                # and its clients read (``as_numpy("text_output")[0].decode()``)
                 texts = []
                 for b in range(tokens.shape[0]):
-                    beams = []
                     for beam in range(tokens.shape[1]):
                         n = int(lengths[b, beam]) if lengths is not None else tokens.shape[2]
-                        beams.append(text_delta(self.decode, tokens[b, beam, :n].tolist(), ctx, final).encode())
-                    texts.append(beams)
+                        texts.append(text_delta(self.decode, tokens[b, beam, :n].tolist(), ctx, final).encode())
                 out.append(pb.InferenceResponse(output_tensors=[
                     pb.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]))
             except Exception as e:  # noqa: BLE001 - answer this request, keep serving

@@ -1,0 +1,175 @@
+"""NVIDIA's tensorrtllm-backend contract: every rendered repository (torch runtime, TRT-LLM engine
+flow, TRT-LLM LLM API) declares NVIDIA's inputs and outputs with NVIDIA's names, data types, dims,
+optionality and reshape (golden: trtspec/data/nvidia_inflight_batcher_llm.json, extracted from
+NVIDIA's templates at c2e65b8 by scripts/nvidia_contract.py); the documented differences are the
+only ones; every tensor has a status; unsupported inputs are refused naming them."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from trtspec.config import load_recipe, parse_recipe, recipe_to_dict
+from trtspec.triton.contract import (
+    DEFAULT_ONLY,
+    EXTRA_INPUTS,
+    EXTRA_OUTPUTS,
+    NVIDIA_COMMIT,
+    OPTIONAL_HERE,
+    REJECTED,
+    input_status,
+    markdown_table,
+    nvidia_contract,
+    output_status,
+)
+from trtspec.triton.render import package
+from trtspec.triton.backend.requests import RequestInputError, parse_generation, words_list, words_tensor
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RECIPES = {
+    "torch": "tiny-cpu-draft-target.yaml",
+    "trtllm-engine": "llama3.3-70b-draft-target-fp8-trtllm.yaml",
+    "trtllm-pytorch": "llama3.1-8b-eagle3-fp8-trtllm.yaml",
+}
+# rendered model → the NVIDIA model whose contract it carries
+CARRIES = {"ensemble": "ensemble", "ensemble_baseline": "ensemble", "preprocessing": "preprocessing",
+           "postprocessing": "postprocessing", "tensorrt_llm": "tensorrt_llm",
+           "tensorrt_llm_baseline": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm"}
+DT = model_config_pb2.DataType
+
+
+def _render(runtime: str, tmp_path: pathlib.Path, **serving):
+    recipe = load_recipe(REPO / "build_configs" / RECIPES[runtime])
+    if serving:
+        d = recipe_to_dict(recipe)
+        d["serving"] = {**d.get("serving", {}), **serving}
+        recipe = parse_recipe(d, base_dir=REPO / "build_configs")
+    build = tmp_path / "build" if runtime != "torch" else None
+    return package(recipe, tmp_path / "repo", build_dir=build).path
+
+
+def _configs(repo: pathlib.Path) -> dict[str, model_config_pb2.ModelConfig]:
+    return {p.parent.name: text_format.Parse(p.read_text(), model_config_pb2.ModelConfig())
+            for p in repo.glob("*/config.pbtxt")}
+
+
+def _tensor(t, inputs: bool) -> dict:
+    d = {"name": t.name, "data_type": DT.Name(t.data_type), "dims": list(t.dims)}
+    if inputs:
+        d["optional"] = bool(t.optional)
+        if t.HasField("reshape"):
+            d["reshape"] = list(t.reshape.shape)
+    return d
+
+
+@pytest.mark.parametrize("runtime", sorted(RECIPES))
+def test_rendered_models_declare_nvidias_tensors_exactly(runtime, tmp_path):
+    configs = _configs(_render(runtime, tmp_path))
+    checked = set()
+    for name, cfg in configs.items():
+        nv = CARRIES.get(name)
+        if nv is None:
+            continue
+        checked.add(nv)
+        want = nvidia_contract()[nv]
+        got_in = {t.name: _tensor(t, True) for t in cfg.input}
+        for t in want["inputs"]:
+            assert t["name"] in got_in, f"{name}: NVIDIA input {t['name']} not declared"
+            g = dict(got_in.pop(t["name"]))
+            if (nv, t["name"]) in OPTIONAL_HERE:
+                assert g["optional"] and not t["optional"], (name, t["name"])
+                g["optional"] = t["optional"]
+            assert g == t, name
+        assert set(got_in) <= {n for (m, n) in EXTRA_INPUTS if m == nv}, f"{name}: undocumented inputs {set(got_in)}"
+        got_out = {t.name: _tensor(t, False) for t in cfg.output}
+        for t in want["outputs"]:
+            assert got_out.pop(t["name"], None) == t, f"{name}: NVIDIA output {t['name']}"
+        assert set(got_out) <= set(EXTRA_OUTPUTS), f"{name}: undocumented outputs {set(got_out)}"
+    assert checked == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm"}
+
+
+@pytest.mark.parametrize("runtime", sorted(RECIPES))
+@pytest.mark.parametrize("decoupled", [True, False])
+def test_serving_decoupled_renders_nvidias_decoupled_mode(runtime, decoupled, tmp_path):
+    configs = _configs(_render(runtime, tmp_path, decoupled=decoupled))
+    generation = {n for n in configs if n.startswith(("tensorrt_llm", "router"))}
+    assert generation and {n: configs[n].model_transaction_policy.decoupled for n in generation} == {
+        n: decoupled for n in generation}
+
+
+def test_the_golden_contract_is_nvidias_at_c2e65b8():
+    c = nvidia_contract()
+    assert NVIDIA_COMMIT.startswith("c2e65b8")
+    assert {m: (len(v["inputs"]), len(v["outputs"])) for m, v in c.items()} == {
+        "ensemble": (34, 17), "preprocessing": (13, 20), "postprocessing": (2, 1), "tensorrt_llm": (60, 19),
+        "tensorrt_llm_bls": (40, 17)}
+
+
+def test_every_nvidia_tensor_has_a_status_and_the_readme_shows_the_table():
+    for io in nvidia_contract().values():
+        for t in io["inputs"]:
+            assert input_status(t["name"]).kind in ("implemented", "no effect", "default only", "rejected",
+                                                    "not declared")
+        for t in io["outputs"]:
+            assert output_status(t["name"]).kind in ("implemented", "not produced", "always empty")
+    assert markdown_table() in (REPO / "README.md").read_text()
+
+
+def _get(**tensors):
+    base = {"input_ids": np.array([[5, 6, 7]], np.int32), "request_output_len": np.array([[4]], np.int32)}
+    base.update(tensors)
+    return lambda name: base.get(name)
+
+
+@pytest.mark.parametrize("name", sorted(REJECTED))
+def test_unsupported_inputs_are_refused_naming_them(name):
+    with pytest.raises(RequestInputError, match=f"input '{name}' is not supported"):
+        parse_generation(_get(**{name: np.zeros((1, 1), np.float32)}))
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_ONLY))
+def test_default_only_inputs_take_nvidias_client_defaults_silently(name):
+    default, _ = DEFAULT_ONLY[name]
+    dtype = bool if isinstance(default, bool) else np.int32
+    parse_generation(_get(**{name: np.array([[default]], dtype)}))
+    other = (not default) if isinstance(default, bool) else 4
+    with pytest.raises(RequestInputError, match=f"input '{name}'=.*is not supported"):
+        parse_generation(_get(**{name: np.array([[other]], dtype)}))
+
+
+def test_nvidias_request_fields_are_read():
+    words = words_tensor([(3, 4), (9,)])
+    assert words.tolist() == [[[3, 4, 9], [2, 3, -1]]]
+    assert words_list(lambda n: words, "x") == ((3, 4), (9,))
+    assert words_list(lambda n: words_tensor([]), "x") == () and words_tensor([]).shape == (1, 2, 0)
+    one = lambda v, t: np.array([[v]], t)  # noqa: E731
+    req = parse_generation(_get(
+        stop_words_list=words, bad_words_list=words_tensor([(8,)]), repetition_penalty=one(1.2, np.float32),
+        presence_penalty=one(0.5, np.float32), frequency_penalty=one(0.25, np.float32), min_tokens=one(3, np.int32),
+        return_log_probs=one(True, bool), num_return_sequences=one(2, np.int32), random_seed=one(7, np.uint64),
+        beam_width=one(1, np.int32), len_penalty=one(0.5, np.float32), temperature=one(0.9, np.float32),
+        runtime_top_k=one(4, np.int32)))
+    sp = req.sampling_params(seed=8)
+    assert (sp.stop_words, sp.bad_words, sp.min_tokens, sp.logprobs, sp.seed) == (((3, 4), (9,)), ((8,),), 3, True, 8)
+    assert (req.num_return_sequences, req.seed, req.top_k) == (2, 7, 4)
+    assert sp.repetition_penalty == pytest.approx(1.2) and sp.frequency_penalty == pytest.approx(0.25)
+    with pytest.raises(RequestInputError, match="seed=1 and random_seed=2 disagree"):
+        parse_generation(_get(seed=one(1, np.uint64), random_seed=one(2, np.uint64)))
+
+
+@pytest.mark.parametrize("tensors, greedy", [
+    ({"temperature": 1.0}, True),  # NVIDIA's end_to_end client default: TRT-LLM decodes greedily
+    ({"temperature": 1.0, "runtime_top_k": 1, "runtime_top_p": 0.0}, True),  # inflight client default
+    ({"temperature": 0.8, "runtime_top_k": 40}, False),
+    ({"temperature": 0.8, "runtime_top_p": 0.9}, False),
+    ({"temperature": 0.0, "runtime_top_k": 40}, True),
+    ({"runtime_top_k": 40}, False),  # absent temperature = 1
+])
+def test_trtllms_greedy_rule(tensors, greedy):
+    dtypes = {"temperature": np.float32, "runtime_top_k": np.int32, "runtime_top_p": np.float32}
+    req = parse_generation(_get(**{k: np.array([[v]], dtypes[k]) for k, v in tensors.items()}))
+    assert req.sampling_params().greedy is greedy
