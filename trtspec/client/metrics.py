@@ -54,6 +54,7 @@ class RequestRecord:
     served_by: str | None = None
     error: str | None = None
     replica: str | None = None  # the server's URL
+    chunk_text: list[str] = field(default_factory=list)  # each chunk's text (exports only, not in report.json)
 
     @classmethod
     def from_result(cls, res: GenerationResult, *, role: str, concurrency: int, prompt_index: int,
@@ -65,7 +66,7 @@ class RequestRecord:
             max_tokens=max_tokens, start=res.sent_at, chunk_t=[c.t_s for c in res.chunks], chunk_tokens=counts,
             prompt_len=prompt_len, prompt_len_unit=prompt_len_unit, accepted=res.accepted_draft_tokens,
             drafted=res.draft_tokens, server_acceptance_length=res.acceptance_length, served_by=res.served_by,
-            replica=replica,
+            replica=replica, chunk_text=[c.text for c in res.chunks],
         )
 
     @classmethod
@@ -131,6 +132,7 @@ class RequestRecord:
         d = asdict(self)
         d["chunk_t"] = [round(t, 6) for t in self.chunk_t]
         d.pop("start")
+        d.pop("chunk_text")
         return d
 
 
