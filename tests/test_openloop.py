@@ -186,3 +186,17 @@ def test_exports_per_model_and_level_are_stamped(tmp_path):
     lines = (d / "profile_export.jsonl").read_text().splitlines()
     first = json.loads(lines[0])
     assert len(lines) == 4 and first["metrics"]["time_to_first_token"] == {"value": pytest.approx(50.0), "unit": "ms"}
+
+
+def test_open_loop_report_has_the_load_plot_and_goodput_table(tmp_path):
+    from trtspec.validate.report import write_bench_report
+
+    files = write_bench_report(_result(tmp_path), tmp_path / "report")
+    assert "speedup_by_load" in files and "speedup_by_concurrency" not in files
+    assert (tmp_path / "report" / "speedup_by_load.png").stat().st_size > 10_000
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "open loop: request rates 2, 4 /s" in md
+    assert "## Goodput (SLO: ttft <= 100 ms" in md
+    assert "| 2 req/s | speculative | 4 | 2 | 50.0% |" in md
+    d = json.loads((tmp_path / "report" / "report.json").read_text())
+    assert [lv["load"] for lv in d["levels"]] == ["2 req/s", "4 req/s"]
