@@ -913,6 +913,10 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
     user and total), requests/s at p50/p90/p95/p99, acceptance rate and length, by prompt and
     output length; speculative/baseline ratios per concurrency level.
 
+    Open loop: --request-rate 1,4,8 (Poisson or gamma arrivals) or --fixed-schedule, each level
+    run ABBA on both models; --goodput ttft:MS itl:MS reports the fraction meeting the SLOs.
+    OUT/exports/ holds GenAI-Perf, AIPerf and perf_analyzer-format files per model and level.
+
     If a server goes away mid-run, the report of everything measured so far is still written,
     and the command exits 4.
     """
