@@ -67,7 +67,7 @@ def _sibling(name: str):
 def run_genai_perf(venv: pathlib.Path, env: dict, url: str, model: str, tokenizer: str, concurrency: int,
                    requests: int, prompt_len: int, max_tokens: int, work: pathlib.Path, tag: str) -> dict:
     art = work / f"gp_{tag}"
-    argv = [str(venv / "bin" / "genai-perf"), "profile", "-m", model, "--service-kind", "triton",
+    argv = [str(venv / "bin" / "genai-perf"), "profile", "-m", model, "--endpoint-type", "kserve",
             "--backend", "tensorrtllm", "-u", url, "--streaming", "--concurrency", str(concurrency),
             "--request-count", str(requests), "--warmup-request-count", str(max(2, concurrency)),
             "--synthetic-input-tokens-mean", str(prompt_len), "--synthetic-input-tokens-stddev", "0",

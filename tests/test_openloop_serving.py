@@ -59,8 +59,10 @@ def test_request_rates_run_abba_per_level_with_goodput_and_exports(server, tiny_
             assert g["met"] == 0 and g["fraction"] == 0.0  # nobody decodes a token in 1 µs
         assert "goodput" in lv["speedup"]
     # ABBA: per level two blocks, the second in the other order, same prompts and lengths on both models
-    recs = d["records"]
-    for level_recs in (recs[:16], recs[16:]):
+    recs = d["records"]  # in window order: level, block, model
+    assert len(recs) == 16
+    for level_recs in (recs[:8], recs[8:]):
+        assert [r["role"][0] for r in level_recs] == list("ssbbbbss")  # A B | B A
         by_role = {role: [(r["prompt_index"], r["max_tokens"]) for r in level_recs if r["role"] == role]
                    for role in ("speculative", "baseline")}
         assert sorted(by_role["speculative"]) == sorted(by_role["baseline"])

@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from trtspec.client.types import GenerationResult
-from trtspec.speculative.stats import percentile
 
 PERCENTILES = (50, 90, 95, 99)
 # bucket upper bounds (inclusive, so max_tokens 64 lands in "33-64"); the last bucket is open
@@ -137,13 +138,13 @@ class RequestRecord:
 
 
 def distribution(values: list[float]) -> dict:
-    """n, mean, min, max and p50/p90/p95/p99 (linear interpolation, numpy's default)."""
+    """n, mean, min, max and p50/p90/p95/p99 (``numpy.percentile``: linear interpolation, as GenAI-Perf)."""
     xs = [v for v in values if v is not None and not math.isnan(v)]
     if not xs:
         return {"n": 0}
     out = {"n": len(xs), "mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
     for q in PERCENTILES:
-        out[f"p{q}"] = percentile(xs, q)
+        out[f"p{q}"] = float(np.percentile(xs, q))
     return out
 
 
