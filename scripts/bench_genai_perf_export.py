@@ -4,7 +4,7 @@ same load: keys, units and numbers.
 Per concurrency level, alternating rounds of
 
 * ``genai-perf profile`` (0.0.16, its own venv, driving perf_analyzer 2.51) on the tiny CPU
-  deployment, synthetic prompts of 64 tokens, 32 output tokens, streaming;
+  deployment, the same prompts (``--input-file``, 64 tokens each), 32 output tokens, streaming;
 * ``trtspec bench`` (the same model, prompts of 64 tokens, max_tokens 32, the same closed loop),
   writing its exports.
 
@@ -65,13 +65,14 @@ def _sibling(name: str):
 
 
 def run_genai_perf(venv: pathlib.Path, env: dict, url: str, model: str, tokenizer: str, concurrency: int,
-                   requests: int, prompt_len: int, max_tokens: int, work: pathlib.Path, tag: str) -> dict:
+                   requests: int, prompts: list[str], max_tokens: int, work: pathlib.Path, tag: str) -> dict:
     art = work / f"gp_{tag}"
+    inputs = work / "prompts.jsonl"  # the same prompts as trtspec's run (not genai-perf's synthetic text)
+    inputs.write_text("".join(json.dumps({"text": p}) + "\n" for p in prompts))
     argv = [str(venv / "bin" / "genai-perf"), "profile", "-m", model, "--endpoint-type", "kserve",
             "--backend", "tensorrtllm", "-u", url, "--streaming", "--concurrency", str(concurrency),
             "--request-count", str(requests), "--warmup-request-count", str(max(2, concurrency)),
-            "--synthetic-input-tokens-mean", str(prompt_len), "--synthetic-input-tokens-stddev", "0",
-            "--output-tokens-mean", str(max_tokens), "--tokenizer", tokenizer, "--random-seed", "0",
+            "--input-file", str(inputs), "--output-tokens-mean", str(max_tokens), "--tokenizer", tokenizer, "--random-seed", "0",
             "--artifact-dir", str(art), "--profile-export-file", "profile_export.json"]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
@@ -161,8 +162,7 @@ def main() -> None:
                                                        args.max_tokens, work, tag))
                         else:
                             runs[tool].append(run_genai_perf(venv, env, url, args.model, args.tokenizer, c,
-                                                             args.requests, args.prompt_len, args.max_tokens, work,
-                                                             tag))
+                                                             args.requests, prompts, args.max_tokens, work, tag))
                 ours_shape, theirs_shape = shape(runs["trtspec"][0]["json"]), shape(runs["genai-perf"][0]["json"])
                 same_shape = ours_shape == theirs_shape
                 csv_rows = [ln.split(",")[0] for ln in runs["trtspec"][0]["csv"].splitlines()]

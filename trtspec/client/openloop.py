@@ -6,8 +6,8 @@ fills (more requests share each target pass), so trtspec measures at request *ra
 * ``request_rates``: arrivals with gamma-distributed gaps of mean 1/R and shape ``burstiness``
   (1 = a Poisson process; < 1 burstier, > 1 more regular), as ``vllm bench serve``'s
   ``--request-rate`` / ``--burstiness``; ``inf`` sends every request at once.
-* ``max_concurrency``: at most this many in flight; a later arrival waits for a slot (its TTFT
-  includes the wait, as in vLLM).
+* ``max_concurrency``: at most this many in flight; a later arrival waits for a slot, and its
+  latencies count from when it is sent, not from its arrival (as ``vllm bench serve``).
 * ``schedule``: a fixed schedule (JSONL: ``timestamp`` in ms, optional ``input_length``,
   ``output_length``, ``text``), as GenAI-Perf's / AIPerf's ``--fixed-schedule`` traces.
 
