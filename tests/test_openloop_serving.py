@@ -20,6 +20,7 @@ from trtspec.client import prom
 from trtspec.config import parse_recipe
 from trtspec.triton.render import package
 from trtspec.triton.server import TritonServer
+from trtspec.triton.watchdog import WatchdogSettings
 
 from test_validate_server import tiny_recipe
 
@@ -31,7 +32,9 @@ TRTLLM_FIXTURE = pathlib.Path(__file__).parent / "golden" / "metrics" / "trtllm_
 def server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("openloop-server")
     package(parse_recipe(tiny_recipe(*tiny_models)), root / "repo")
-    with TritonServer(root / "repo", workdir=root / "server", ready_timeout=240) as s:
+    # with the watchdog, as `trtspec serve` runs a deployment (its counters are on the dashboard)
+    with TritonServer(root / "repo", workdir=root / "server", ready_timeout=240,
+                      watchdog=WatchdogSettings(probe_every_s=None)) as s:
         yield s
 
 
