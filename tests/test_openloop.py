@@ -167,7 +167,13 @@ def test_exports_per_model_and_level_are_stamped(tmp_path):
     assert stamp["machine"]["cpus"] >= 1 and gp["input_config"]["request_rate"] == 2.0
     rows = list(csv.reader((d / "profile_export_genai_perf.csv").open()))
     assert rows[0] == GENAI_PERF_CSV_HEADER
-    assert rows[1][0] == "Request Latency (ms)" and rows[2][0] == "Time To First Token (ms)"
+    # genai-perf's row order (LLMMetrics.request_metrics / system_metrics)
+    assert [r[0] for r in rows[1:8]] == ["Time To First Token (ms)", "Time To Second Token (ms)", "Request Latency (ms)",
+                                         "Inter Token Latency (ms)", "Output Token Throughput Per User (tokens/sec/user)",
+                                         "Output Sequence Length (tokens)", "Input Sequence Length (tokens)"]
+    assert rows[9:14] == [["Metric", "Value"], ["Output Token Throughput (tokens/sec)", rows[10][1]],
+                          ["Request Throughput (per sec)", rows[11][1]], ["Request Goodput (per sec)", rows[12][1]],
+                          ["Request Count (count)", "4.00"]]
     assert ["Metric", "Value"] in rows and ["Tool", "trtspec"] in rows
     ai = json.loads((d / "profile_export_aiperf.json").read_text())
     assert ai["inter_chunk_latency"]["unit"] == "ms" and ai["benchmark_duration"]["unit"] == "sec"

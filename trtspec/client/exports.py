@@ -49,9 +49,12 @@ GENAI_PERF_REQUEST_METRICS = (
 # system metrics: unit + avg only (the unit strings of statistics.py, not of the CSV labels)
 GENAI_PERF_SYSTEM_METRICS = (("request_throughput", "requests/sec"), ("request_goodput", "requests/sec"),
                              ("request_count", "count"), ("output_token_throughput", "tokens/sec"))
-# ... and of the CSV's second section (Metrics.SYSTEM_METRICS' labels)
-GENAI_PERF_CSV_SYSTEM = (("request_throughput", "per sec"), ("request_goodput", "per sec"),
-                         ("request_count", "count"), ("output_token_throughput", "tokens/sec"))
+# the CSV's rows, in genai-perf's hard-coded order (LLMMetrics.request_metrics / system_metrics), with
+# the units of its labels
+GENAI_PERF_CSV_REQUEST = ("time_to_first_token", "time_to_second_token", "request_latency", "inter_token_latency",
+                          "output_token_throughput_per_user", "output_sequence_length", "input_sequence_length")
+GENAI_PERF_CSV_SYSTEM = (("output_token_throughput", "tokens/sec"), ("request_throughput", "per sec"),
+                         ("request_goodput", "per sec"), ("request_count", "count"))
 GENAI_PERF_CSV_HEADER = ["Metric", "avg", "min", "max", "p99", "p95", "p90", "p75", "p50", "p25", "p10", "p5", "p1"]
 AIPERF_CSV_HEADER = ["Metric", "avg", "min", "max", *(f"p{q}" for q in PERCENTILES), "std"]
 # trtspec's SLO names → GenAI-Perf's goodput metric names
@@ -187,7 +190,9 @@ def write_genai_perf_csv(data: dict, path: pathlib.Path, *, streaming: bool = Tr
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(GENAI_PERF_CSV_HEADER)
-        for name, unit in GENAI_PERF_REQUEST_METRICS:
+        units = dict(GENAI_PERF_REQUEST_METRICS)
+        for name in GENAI_PERF_CSV_REQUEST:
+            unit = units[name]
             if not streaming and name in ("inter_token_latency", "time_to_first_token", "time_to_second_token",
                                           "output_token_throughput_per_user"):
                 continue
