@@ -109,7 +109,7 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
                       "did not run."]
     lines += [
         "",
-        "## Summary by concurrency",
+        f"## Summary by {load_col}",
         "",
         f"| {load_col} | model | req/s | output tok/s | TTFT p50 / p95 ms | ITL p50 ms | ICL p50 ms | "
         "latency p50 / p95 / p99 ms | tok/s per user p50 | AL (server) | AL (chunks) | acceptance rate | errors |",
