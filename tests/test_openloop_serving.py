@@ -167,3 +167,12 @@ def test_dashboard_queries_match_the_live_servers_metrics(server, tiny_target, t
         b = prom.buckets(live, name, model="tensorrt_llm")
         p95 = prom.histogram_quantile(0.95, b)
         assert p95 is not None and p95 > 0
+    # the run report's server rows read the same live scrape: trtspec's runtime exports no nv_trt_llm_*
+    from trtspec.validate.engine_metrics import engine_rows
+
+    rows = {r.question: r for r in engine_rows(prom.to_dict([s for s in live if s.name.startswith(prom.KEEP)]),
+                                                {"speculative": "tensorrt_llm", "baseline": "tensorrt_llm_baseline"})}
+    assert rows["draft compute time per request"].source == "trtspec_draft_seconds"
+    assert rows["draft compute time per request"].speculative.endswith(" ms")
+    assert rows["memory (resident, engine process)"].source == "trtspec_resident_memory_bytes"
+    assert "KV cache blocks used / max" not in rows
