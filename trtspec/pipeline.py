@@ -16,7 +16,6 @@ import os
 import pathlib
 import subprocess
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -35,6 +34,7 @@ from trtspec.validate.run import run_validation
 from trtspec.report import write_run_report
 from trtspec.trtllm.build import build
 from trtspec.hub import resolve_recipe
+from trtspec.client.prom import scrape
 
 STAGES = ("check", "quantize", "build", "package", "serve", "validate", "report")
 STAGE_KIND = "pipeline-stage"
@@ -329,20 +329,8 @@ class Pipeline:
         return {"dir": str(out), "report": str(out / pathlib.Path(path).name)}
 
 
-def scrape_metrics(url: str, prefix: tuple[str, ...] = ("trtspec_", "nv_inference_")) -> dict[str, float]:
-    """The server's Prometheus text as {series: value}, filtered to our and Triton's families."""
-    try:
-        with urllib.request.urlopen(url, timeout=5) as r:
-            text = r.read().decode()
-    except OSError:
-        return {}
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.startswith(prefix):
-            continue
-        name, _, value = line.rpartition(" ")
-        try:
-            out[name] = float(value)
-        except ValueError:
-            continue
-    return out
+def scrape_metrics(url: str) -> dict[str, float]:
+    """The server's Prometheus text as {series: value}: trtspec's, Triton's and TensorRT-LLM's
+    families (``trtspec.client.prom.KEEP``), parsed by ``prometheus_client``."""
+
+    return scrape(url)

@@ -10,37 +10,10 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 import shutil
 from typing import Any
 
-SERIES = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?P<labels>[^}]*)\})?$')
-
-
-def _labels(s: str | None) -> dict[str, str]:
-    if not s:
-        return {}
-    return dict(re.findall(r'(\w+)="([^"]*)"', s))
-
-
-def metric_table(metrics: dict[str, float]) -> dict[str, dict[str, float]]:
-    """{model: {metric name (with _sum/_count suffixes): value}} for the trtspec_* families."""
-    out: dict[str, dict[str, float]] = {}
-    for series, value in metrics.items():
-        m = SERIES.match(series)
-        if not m or not m.group("name").startswith("trtspec_"):
-            continue
-        labels = _labels(m.group("labels"))
-        if "le" in labels:
-            continue
-        out.setdefault(labels.get("model", "?"), {})[m.group("name")] = value
-    return out
-
-
-def _mean(t: dict[str, float], name: str) -> float | None:
-    n = t.get(f"{name}_count")
-    return t[f"{name}_sum"] / n if n else None
-
+from trtspec.validate.engine_metrics import engine_rows
 
 def _f(v: Any, fmt: str = "{:.2f}", none: str = "–") -> str:
     if v is None:
@@ -72,7 +45,7 @@ def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
     out.mkdir(parents=True, exist_ok=True)
     val_json = json.loads(pathlib.Path(outs["validate"]["report_json"]).read_text()) if "validate" in outs else None
     metrics_path = pipeline.stage_dir("validate") / "server_metrics.json"
-    server = metric_table(json.loads(metrics_path.read_text())) if metrics_path.is_file() else {}
+    server_raw = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
     tune = None
     if outs.get("build", {}).get("tune"):
         tune = json.loads(pathlib.Path(outs["build"]["tune"]).read_text())
@@ -98,24 +71,14 @@ def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
 
     # ---- the questions
     roles = _role_models(repo_manifest)
-    spec_m, base_m = server.get(roles["speculative"], {}), server.get(roles["baseline"], {})
     q_rows = []
     if val_json:
         acc = val_json.get("acceptance", {})
         q_rows.append(("accepted-token rate (acceptance rate)", "–", _f(acc.get("acceptance_rate"), "{:.1%}"),
                        f"acceptance length {_f(acc.get('acceptance_length'))} tokens per target pass (server); "
                        f"{_f(acc.get('acceptance_length_from_chunks'))} from stream chunks"))
-    if spec_m or base_m:
-        q_rows.append(("draft compute time per request", _ms(_mean(base_m, "trtspec_draft_seconds")),
-                       _ms(_mean(spec_m, "trtspec_draft_seconds")), "server-side, mean (trtspec_draft_seconds)"))
-        q_rows.append(("target verification time per request", _ms(_mean(base_m, "trtspec_verify_seconds")),
-                       _ms(_mean(spec_m, "trtspec_verify_seconds")),
-                       "baseline: ordinary decode steps; speculative: verify passes (trtspec_verify_seconds)"))
-        q_rows.append(("queue delay per request", _ms(_mean(base_m, "trtspec_queue_seconds")),
-                       _ms(_mean(spec_m, "trtspec_queue_seconds")), "submission → prefill, mean"))
-        rss_b, rss_s = base_m.get("trtspec_resident_memory_bytes"), spec_m.get("trtspec_resident_memory_bytes")
-        q_rows.append(("memory (resident, engine process)", _f(rss_b and rss_b / 2**20, "{:.0f} MiB"),
-                       _f(rss_s and rss_s / 2**20, "{:.0f} MiB"), "the draft's weights and KV cache live in the speculative process"))
+    # draft / verify / queue / memory / KV cache: TRT-LLM's series when present, else trtspec_*
+    q_rows += [r.as_tuple() for r in engine_rows(server_raw, roles)]
     if val_json:
         for lv in val_json["bench"]["levels"]:
             b, s = lv["models"].get("baseline", {}), lv["models"].get("speculative", {})

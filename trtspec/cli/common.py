@@ -99,6 +99,18 @@ def _int_list(ctx, param, value):
     return xs
 
 
+def _rate_list(ctx, param, value):
+    if value is None:
+        return None
+    try:
+        xs = tuple(float(x) for x in str(value).split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated rates in requests/s, e.g. 1,2,4 or inf (got {value!r})") from None
+    if not xs or any(not x > 0 for x in xs):
+        raise click.BadParameter(f"expected rates > 0 (requests/s; inf = all at once), e.g. 1,2,4 (got {value!r})")
+    return xs
+
+
 def _url_list(ctx, param, value):
     """--url a --url b, or --url a,b: the servers (replicas), in order, without repeats."""
     urls = [u.strip() for v in value for u in str(v).split(",") if u.strip()]

@@ -13,6 +13,8 @@ from rich.markup import escape
 from trtspec.client.errors import EXIT_CODES
 from trtspec.client.infer import request_extras, result_dict, run_infer
 from trtspec.client.targets import ClientOptions, TLSOptions, parse_headers, parse_target
+from trtspec.client.exports import write_exports
+from trtspec.client.openloop import load_schedule, parse_goodput
 from trtspec.client.loadgen import BenchSettings, run_bench
 from trtspec.client.types import Sampling
 from trtspec.config import load_recipe
@@ -20,7 +22,7 @@ from trtspec.prompts import load_prompts
 from trtspec.validate.report import write_bench_report
 from trtspec.validate.report import write_validation_report
 from trtspec.validate.run import run_validation
-from trtspec.cli.common import _int_list, _progress, _url_list, err, handle_errors, out
+from trtspec.cli.common import _int_list, _rate_list, _progress, _url_list, err, handle_errors, out
 
 
 URL_HELP = ("The server: HOST:PORT or grpc://HOST:PORT (Triton gRPC), grpcs://HOST:PORT (TLS), or "
@@ -56,8 +58,10 @@ def _client_options(endpoint, tls_ca, tls_cert, tls_key, headers, require_token_
 
 
 def _bench_table(d: dict, title: str) -> Table:
-    table = Table(title=title, caption="times in ms; tok/s/u = per user p50; AL = acceptance length; × = output tok/s speculative/baseline")
-    for col in ("c", "model", "req/s", "tok/s", "TTFT p50", "ITL p50", "lat p50", "lat p95", "tok/s/u", "AL", "×"):
+    table = Table(title=title, caption="times in ms; tok/s/u = per user p50; AL = acceptance length; × = output tok/s speculative/baseline"
+                  + ("; good = goodput (fraction meeting the SLOs)" if d["settings"].get("goodput") else ""))
+    for col in ("load" if d["settings"].get("request_rates") or d["settings"].get("schedule") else "c", "model", "req/s", "tok/s", "TTFT p50", "ITL p50", "lat p50", "lat p95", "tok/s/u", "AL", "×") \
+            + (("good",) if d["settings"].get("goodput") else ()):
         table.add_column(col, justify="left" if col == "model" else "right")
     for lv in d["levels"]:
         for role, m in lv["models"].items():
@@ -65,11 +69,13 @@ def _bench_table(d: dict, title: str) -> Table:
             al = a["acceptance_length"] or a["acceptance_length_from_chunks"]
             sp = lv.get("speedup", {}).get("output_token_throughput") if role == "speculative" else None
             table.add_row(
-                str(lv["concurrency"]), role[:4], f"{m['request_throughput']:.2f}", f"{m['output_token_throughput']:.1f}",
+                lv.get("load", str(lv["concurrency"])).removeprefix("concurrency "), role[:4], f"{m['request_throughput']:.2f}", f"{m['output_token_throughput']:.1f}",
                 f"{m['ttft_s']['p50'] * 1e3:.1f}", f"{(m['itl_s'].get('p50') or 0) * 1e3:.2f}",
                 f"{m['request_latency_s']['p50'] * 1e3:.0f}", f"{m['request_latency_s']['p95'] * 1e3:.0f}",
                 f"{m['output_tps_per_user'].get('p50') or 0:.1f}", "-" if al is None else f"{al:.2f}",
-                "" if sp is None else f"{sp:.2f}")
+                "" if sp is None else f"{sp:.2f}",
+                *([f"{m['goodput']['fraction']:.0%}" if m["goodput"]["fraction"] is not None else "-"]
+                  if "goodput" in m else []))
     return table
 
 
@@ -127,18 +133,45 @@ def _replica_table(d: dict, equivalence: dict | None = None) -> Table:
               help="Seconds per request.")
 @click.option("--ready-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait for the server and models to be ready.")
+@click.option("--request-rate", default=None, callback=_rate_list,
+              help="Open loop: comma-separated request rates (requests/s, 'inf' = all at once), one level each; "
+                   "replaces --concurrency.")
+@click.option("--burstiness", default=1.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+              help="Gamma shape of the gaps between arrivals (1 = Poisson, < 1 burstier), as vllm bench serve.")
+@click.option("--max-concurrency", type=click.IntRange(1), default=None,
+              help="Open loop: at most this many requests in flight; later arrivals wait.")
+@click.option("--fixed-schedule", type=click.Path(dir_okay=False), default=None,
+              help="Open loop from a JSONL trace: 'timestamp' (ms), optional 'input_length', 'output_length', 'text'.")
+@click.option("--arrival-seed", default=0, show_default=True, type=click.IntRange(0),
+              help="Seed of the arrival times and synthetic lengths (the same for both models).")
+@click.option("--prompt-len-stddev", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Synthetic prompt lengths: normal(--prompt-len, this) per prompt.")
+@click.option("--output-len-stddev", default=0.0, show_default=True, type=click.FloatRange(min=0),
+              help="Synthetic output lengths: normal(--output-len, this) per request.")
+@click.option("--ignore-eos", is_flag=True,
+              help="Pin output lengths: send min_length = max_tokens (models without that input: noted in the report).")
+@click.option("--goodput", "goodput_specs", multiple=True,
+              help="SLO as METRIC:MS (ttft, itl/tpot, e2el), repeatable: reports the fraction of requests meeting all.")
+@click.option("--no-export", is_flag=True,
+              help="Skip the GenAI-Perf / AIPerf / perf_analyzer-format exports under OUT/exports/.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+              help="Writes OUT/report.json, OUT/report.md, PNG plots and OUT/exports/.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (no per-request records) as JSON.")
 @handle_errors
 def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, prompt_source, num_prompts, requests,
           duration, warmup, output_len, prompt_len, temperature, top_k, top_p, seed, spec_model, baseline_model,
-          no_baseline, tokenizer, no_stream, timeout, ready_timeout, out_dir, as_json):
+          no_baseline, tokenizer, no_stream, timeout, ready_timeout, request_rate, burstiness, max_concurrency,
+          fixed_schedule, arrival_seed, prompt_len_stddev, output_len_stddev, ignore_eos, goodput_specs, no_export,
+          out_dir, as_json):
     """Load-test a deployment: baseline and speculative side by side, GenAI-Perf metrics.
 
     TTFT, time to second token, ITL, inter-chunk latency, request latency, output tokens/s (per
     user and total), requests/s at p50/p90/p95/p99, acceptance rate and length, by prompt and
     output length; speculative/baseline ratios per concurrency level.
+
+    Open loop: --request-rate 1,4,8 (Poisson or gamma arrivals) or --fixed-schedule, each level
+    run ABBA on both models; --goodput ttft:MS itl:MS reports the fraction meeting the SLOs.
+    OUT/exports/ holds GenAI-Perf, AIPerf and perf_analyzer-format files per model and level.
 
     If a server goes away mid-run, the report of everything measured so far is still written,
     and the command exits 4.
@@ -151,7 +184,10 @@ def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, promp
         warmup=warmup, output_lens=output_len, prompt_lens=prompt_len,
         sampling=Sampling(max_tokens=output_len[0], temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         speculative_model=spec_model, baseline_model=None if no_baseline else baseline_model,
-        stream=not no_stream, timeout_s=timeout)
+        stream=not no_stream, timeout_s=timeout, request_rates=request_rate, burstiness=burstiness,
+        max_concurrency=max_concurrency, schedule=load_schedule(fixed_schedule) if fixed_schedule else None,
+        arrival_seed=arrival_seed, prompt_len_stddev=prompt_len_stddev, output_len_stddev=output_len_stddev,
+        ignore_eos=ignore_eos, goodput=parse_goodput(goodput_specs))
     prompts = load_prompts(prompt_source, num_prompts)
     prog, update = _progress()
     with prog:
@@ -159,6 +195,9 @@ def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, promp
                            prompt_source=prompt_source, progress=update, ready_timeout_s=ready_timeout,
                            client_options=options)
     files = write_bench_report(result, out_dir)
+    n_plots = len(files) - 2
+    if not no_export:
+        files.update(write_exports(result, os.path.join(out_dir, "exports")))
     d = result.to_dict(with_records=False)
     if as_json:
         click.echo(json.dumps(d, indent=2, default=str))
@@ -166,7 +205,8 @@ def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, promp
         out.print(_bench_table(d, f"trtspec bench {result.url} ({result.wall_s:.0f}s)"))
         if len(result.replicas) > 1:
             out.print(_replica_table(d))
-        out.print(f"report: {os.path.join(out_dir, 'report.md')} (+ report.json, {len(files) - 2} plots)")
+        out.print(f"report: {os.path.join(out_dir, 'report.md')} (+ report.json, {n_plots} plots"
+                  + ("" if no_export else f", {len(files) - n_plots - 2} exports in {os.path.join(out_dir, 'exports')}") + ")")
     if result.interrupted is not None:
         i, o = result.interrupted, d["outcome"]
         err.print(f"[bold red]error:[/] a server went away at concurrency {i['concurrency']} ({escape(i['phase'])}): "

@@ -61,6 +61,7 @@ _TEXT_INPUTS = {
     "pad_id": ("pad_id",),
     "return_perf_metrics": ("return_perf_metrics",),
     "exclude_input_in_output": ("exclude_input_in_output",),
+    "min_tokens": ("min_length", "min_tokens"),
 }
 _ID_INPUTS = {
     "max_tokens": ("request_output_len",),
@@ -73,6 +74,7 @@ _ID_INPUTS = {
     "pad_id": ("pad_id",),
     "return_perf_metrics": ("return_perf_metrics",),
     "exclude_input_in_output": ("exclude_input_in_output",),
+    "min_tokens": ("min_length", "min_tokens"),
 }
 _ids = itertools.count()
 
@@ -254,6 +256,10 @@ class AsyncLLMClient:
                 raise ModelNotFound(f"the repository has no model '{m}'", url=self.url, model=m,
                                     status="NOT_FOUND", fix=f"models served here: {', '.join(names) or 'none'}")
 
+    async def server_metadata(self) -> dict:
+        """The server's ``name``, ``version`` and ``extensions`` (KServe v2 metadata)."""
+        return await self._grpc().get_server_metadata(as_json=True)
+
     async def model_info(self, model: str) -> ModelInfo:
         if model not in self._info:
             for attempt in range(self.retries + 1):
@@ -376,6 +382,7 @@ class AsyncLLMClient:
             "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": sampling.seed,
             "end_id": sampling.end_id, "pad_id": sampling.pad_id,
             "return_perf_metrics": sampling.return_perf_metrics, "exclude_input_in_output": True,
+            "min_tokens": sampling.min_tokens,
         }
         for field, value in wanted.items():
             if value is None:

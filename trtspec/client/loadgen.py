@@ -92,8 +92,26 @@ class BenchSettings:
     stream: bool = True
     block: int | None = None  # requests per interleaved block; default max(8, 4 · concurrency)
     timeout_s: float = 600.0  # per request
+    # open loop (trtspec.client.openloop): arrivals instead of a closed loop
+    request_rates: tuple[float, ...] | None = None  # requests/s per level; inf = all at once
+    burstiness: float = 1.0  # gamma shape of the inter-arrival times (1 = Poisson), as vllm bench serve
+    max_concurrency: int | None = None  # open loop: at most this many in flight (later arrivals wait)
+    schedule: tuple | None = None  # fixed schedule: ScheduledRequest entries (open loop, one level)
+    arrival_seed: int = 0
+    # request shapes
+    prompt_len_stddev: float = 0.0  # synthetic lengths: normal(prompt_lens[0], stddev) per prompt
+    output_len_stddev: float = 0.0  # ... and normal(output_lens[0], stddev) per request
+    ignore_eos: bool = False  # ask for exactly max_tokens (min_length = max_tokens where the model takes it)
+    goodput: tuple[tuple[str, float], ...] = ()  # SLOs (metric, milliseconds): fraction of requests meeting all
+
+    @property
+    def open_loop(self) -> bool:
+        return bool(self.request_rates) or self.schedule is not None
 
     def __post_init__(self):
+        from trtspec.client.openloop import check_settings  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
+
+        check_settings(self)
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ConfigError("concurrency", self.concurrency, "needs integers >= 1", fix="e.g. --concurrency 1,2,4")
         if (self.requests is None) == (self.duration_s is None):
@@ -130,8 +148,17 @@ class BenchSettings:
 
 @dataclass
 class LevelResult:
-    concurrency: int
+    concurrency: int  # closed loop: requests in flight; open loop: the cap (0 = none)
     windows: list[Window]
+    request_rate: float | None = None  # open loop: requests/s (inf: all at once); None: closed loop
+    schedule: bool = False  # open loop from a fixed schedule
+
+    @property
+    def load(self) -> str:
+        """How this level loaded the server, for tables: "c=4", "2 req/s", "fixed schedule"."""
+        from trtspec.client.openloop import level_label  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
+
+        return level_label(self)
 
     def _windows(self, role: str, replica: str | None) -> list[Window]:
         return [w for w in self.windows if w.role == role and replica in (None, w.replica)]
@@ -202,11 +229,21 @@ class BenchResult:
                 "busy": sum(1 for r in failed if (r.error or "").startswith(BUSY_PREFIX))}
 
     def _level_dict(self, lv: LevelResult, replica: str | None) -> dict:
-        d: dict = {"concurrency": lv.concurrency, "models": {}}
+        from trtspec.client.openloop import goodput  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
+
+        d: dict = {"concurrency": lv.concurrency, "load": lv.load, "models": {}}
+        if lv.request_rate is not None or lv.schedule:
+            d["request_rate"] = "fixed schedule" if lv.schedule else lv.request_rate
         for role in self.roles:
             d["models"][role] = lv.summary(role, replica)
+            if self.settings.goodput:
+                d["models"][role]["goodput"] = goodput(lv.records(role, replica), self.settings.goodput,
+                                                       d["models"][role]["duration_s"])
         if self.has_baseline:
             d["speedup"] = speedups(d["models"]["speculative"], d["models"]["baseline"])
+            if self.settings.goodput:
+                s, b = (d["models"][r]["goodput"]["fraction"] for r in ("speculative", "baseline"))
+                d["speedup"]["goodput"] = s / b if s is not None and b else None
         return d
 
     def to_dict(self, *, with_records: bool = True) -> dict:
@@ -259,6 +296,29 @@ class BenchInterrupted(Exception):
         self.windows, self.error = windows, error
 
 
+async def send_one(client: AsyncLLMClient, settings: BenchSettings, role: str, concurrency: int,
+                   item: PromptItem, max_tokens: int) -> tuple[RequestRecord, ServerRequestError | None]:
+    """One measured request; a failure is a record too. The error is returned when the server
+    went away (connection lost or refused after retries), so the caller stops sending."""
+    model = settings.roles[role]
+    sampling = settings.sampling.with_(max_tokens=max_tokens, **({"min_tokens": max_tokens} if settings.ignore_eos else {}))
+    start = time.perf_counter()
+    try:
+        res = await client.generate(item.text, sampling, model=model, stream=settings.stream,
+                                    timeout_s=settings.timeout_s)
+        plen, unit = (res.prompt_tokens, "tokens") if res.prompt_tokens is not None else (item.length, item.unit)
+        return RequestRecord.from_result(res, role=role, concurrency=concurrency, prompt_index=item.index,
+                                         max_tokens=max_tokens, prompt_len=plen, prompt_len_unit=unit,
+                                         replica=client.url), None
+    except ServerRequestError as e:
+        busy = isinstance(e, ServerBusy)
+        rec = RequestRecord.failed(role=role, model=model, concurrency=concurrency, prompt_index=item.index,
+                                   max_tokens=max_tokens, start=start, partial=e.partial,
+                                   error=(BUSY_PREFIX if busy else "") + str(e).splitlines()[0],
+                                   replica=client.url)
+        return rec, (e if isinstance(e, ServerUnavailable) and not busy else None)
+
+
 async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str, concurrency: int,
                      plan: list[tuple[int, PromptItem, int]], on_done: Callable[[], None] | None,
                      settle: int = 0, block: int = 0) -> Window:
@@ -268,7 +328,6 @@ async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str,
     starts with all its workers in lockstep (every first prefill queued at once); perf_analyzer
     measures after its warm-up has desynchronised the loop. Their tokens still count towards
     the window's throughput. Raises :class:`BenchInterrupted` when the server went away."""
-    model = settings.roles[role]
     queue = list(reversed([(True, x) for x in plan[:settle]] + [(False, x) for x in plan]))
     window = Window(role=role, concurrency=concurrency, start=time.perf_counter(), end=0.0, replica=client.url,
                     block=block)
@@ -277,24 +336,10 @@ async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str,
     async def worker():
         while queue:
             settling, (_, item, max_tokens) = queue.pop()
-            sampling = settings.sampling.with_(max_tokens=max_tokens)
-            start = time.perf_counter()
-            try:
-                res = await client.generate(item.text, sampling, model=model, stream=settings.stream,
-                                            timeout_s=settings.timeout_s)
-                plen, unit = (res.prompt_tokens, "tokens") if res.prompt_tokens is not None else (item.length, item.unit)
-                rec = RequestRecord.from_result(res, role=role, concurrency=concurrency, prompt_index=item.index,
-                                                max_tokens=max_tokens, prompt_len=plen, prompt_len_unit=unit,
-                                                replica=client.url)
-            except ServerRequestError as e:
-                busy = isinstance(e, ServerBusy)
-                if isinstance(e, ServerUnavailable) and not busy:
-                    lost.append(e)  # the server is gone: measuring on would only record failures
-                    queue.clear()
-                rec = RequestRecord.failed(role=role, model=model, concurrency=concurrency, prompt_index=item.index,
-                                           max_tokens=max_tokens, start=start, partial=e.partial,
-                                           error=(BUSY_PREFIX if busy else "") + str(e).splitlines()[0],
-                                           replica=client.url)
+            rec, gone = await send_one(client, settings, role, concurrency, item, max_tokens)
+            if gone is not None:
+                lost.append(gone)  # the server is gone: measuring on would only record failures
+                queue.clear()
             if settling:
                 window.settling.append(rec)
                 continue
@@ -353,8 +398,11 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
             await c.model_info(model)  # an unknown model fails here, before any load
     per_level = settings.requests
     n = len(clients)
-    total = (n * (settings.warmup * len(roles) + per_level * len(roles) * len(settings.concurrency))
-             if per_level else None)
+    n_levels = (len(settings.request_rates or ()) + (settings.schedule is not None)) if settings.open_loop \
+        else len(settings.concurrency)
+    if settings.schedule is not None and not settings.request_rates:
+        per_level = len(settings.schedule)
+    total = (n * (settings.warmup * len(roles) + per_level * len(roles) * n_levels) if per_level else None)
     done = [0]
     label = ["warm-up"]
 
@@ -364,8 +412,7 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
             progress(done[0], total, label[0])
 
     def plan(start: int, count: int) -> list[tuple[int, PromptItem, int]]:
-        return [(i, prompts[i % len(prompts)], settings.output_lens[i % len(settings.output_lens)])
-                for i in range(start, start + count)]
+        return [(i, prompts[i % len(prompts)], output_len(settings, i)) for i in range(start, start + count)]
 
     def result(levels: list[LevelResult], interrupted: dict | None = None) -> BenchResult:
         return BenchResult(url=",".join(urls), settings=settings, prompt_source=prompt_source, prompts=prompts,
@@ -381,7 +428,12 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
             if settings.warmup:
                 await _run_replicas(clients, settings, role, c, plan(0, settings.warmup), tick, 0, -1)
         block_no = 0
-        for c in settings.concurrency:
+        if settings.open_loop:
+            from trtspec.client.openloop import run_open_levels  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
+
+            c = settings.max_concurrency or 0
+            await run_open_levels(clients, settings, prompts, plan, levels, tick, label)
+        for c in (settings.concurrency if not settings.open_loop else ()):
             block = settings.block or max(8, 4 * c)
             lv = LevelResult(c, [])
             levels.append(lv)
@@ -406,18 +458,70 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
                     spent = min(lv.duration(r) for r in roles)
                     if spent >= settings.duration_s:
                         break
-            for role in roles:
-                if not any(r.ok for r in lv.records(role)):
-                    first = next((r.error for r in lv.records(role) if r.error), "no output")
-
-                    raise InferenceFailed(f"every request failed at concurrency {c}: {first}", url=",".join(urls),
-                                          model=settings.roles[role], fix="see the tritonserver log")
+            check_level(lv, settings, urls)
     except BenchInterrupted as e:
         where = next((w for w in e.windows if w.interrupted), None)
         return result([lv for lv in levels if lv.windows], {
             "error": str(e.error).splitlines()[0], "fix": e.error.fix, "concurrency": c,
             "phase": label[0], "replica": where.replica if where else e.error.url})
     return result(levels)
+
+
+def output_len(settings: BenchSettings, i: int) -> int:
+    """max_tokens of request ``i``: the list cycled, or a draw from normal(output_lens[0], stddev)
+    seeded by the request's index (the same for both models)."""
+    if settings.output_len_stddev > 0:
+        from trtspec.client.openloop import synthetic_length  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
+
+        return synthetic_length(settings.output_lens[0], settings.output_len_stddev, settings.arrival_seed, "osl", i)
+    return settings.output_lens[i % len(settings.output_lens)]
+
+
+def _shapes(prompts: Sequence[str], settings: BenchSettings) -> tuple[list[str], tuple[int, ...] | None]:
+    """The prompt list and lengths to shape: synthetic lengths (mean, stddev) per prompt, or a
+    fixed schedule's input lengths (one prompt per scheduled request)."""
+    prompts = list(prompts)
+    if settings.schedule is not None and any(r.input_length for r in settings.schedule):
+        prompts = [prompts[i % len(prompts)] for i in range(len(settings.schedule))]
+        mean = settings.prompt_lens[0] if settings.prompt_lens else None
+        lens = tuple(r.input_length or mean or len(prompts[i]) for i, r in enumerate(settings.schedule))
+        return prompts, lens
+    if settings.prompt_len_stddev > 0 and settings.prompt_lens:
+        from trtspec.client.openloop import synthetic_length  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
+
+        return prompts, tuple(synthetic_length(settings.prompt_lens[0], settings.prompt_len_stddev,
+                                               settings.arrival_seed, "isl", i) for i in range(len(prompts)))
+    return prompts, settings.prompt_lens
+
+
+async def _server_facts(client: AsyncLLMClient, settings: BenchSettings) -> dict:
+    """The server's name and version (for the exports' stamps) and whether ``ignore_eos`` could be
+    honoured (the model takes ``min_length``/``min_tokens``)."""
+    out: dict = {}
+    try:
+        meta = await client.server_metadata()
+        out["server"] = {"name": meta.get("name"), "version": meta.get("version")}
+    except Exception:  # noqa: BLE001 - a stamp, not a measurement
+        out["server"] = {"name": None, "version": None}
+    if settings.ignore_eos:
+        pinned = {}
+        for role, model in settings.roles.items():
+            info = await client.model_info(model)
+            pinned[role] = next((n for n in ("min_length", "min_tokens") if n in info.inputs), None)
+        out["ignore_eos"] = {role: (f"min_length via '{n}'" if n else
+                                    "not supported: the model has no min_length/min_tokens input, so outputs "
+                                    "may stop at EOS before max_tokens") for role, n in pinned.items()}
+    return out
+
+
+def check_level(lv: LevelResult, settings: BenchSettings, urls: Sequence[str]) -> None:
+    """A level where every request of a model failed is no measurement: raise."""
+    for role in settings.roles:
+        if not any(r.ok for r in lv.records(role)):
+            first = next((r.error for r in lv.records(role) if r.error), "no output")
+
+            raise InferenceFailed(f"every request failed at {lv.load}: {first}", url=",".join(urls),
+                                  model=settings.roles[role], fix="see the tritonserver log")
 
 
 def run_bench(url: str | Sequence[str], prompts: Sequence[str], settings: BenchSettings, *, tokenizer=None,
@@ -436,9 +540,11 @@ def run_bench(url: str | Sequence[str], prompts: Sequence[str], settings: BenchS
         try:
             for c in clients:
                 await c.wait_ready(list(settings.roles.values()), timeout_s=ready_timeout_s)
-            items = shape_prompts(prompts, settings.prompt_lens, clients[0].tokenizer)
-            return await bench_async(clients if len(clients) > 1 else clients[0], items, settings,
-                                     prompt_source=prompt_source, progress=progress)
+            items = shape_prompts(*_shapes(prompts, settings), clients[0].tokenizer)
+            res = await bench_async(clients if len(clients) > 1 else clients[0], items, settings,
+                                    prompt_source=prompt_source, progress=progress)
+            res.extra.update(await _server_facts(clients[0], settings))
+            return res
         finally:
             for c in clients:
                 await c.close()

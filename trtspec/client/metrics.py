@@ -25,8 +25,9 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from trtspec.client.types import GenerationResult
-from trtspec.acceptance import percentile
 
 PERCENTILES = (50, 90, 95, 99)
 # bucket upper bounds (inclusive, so max_tokens 64 lands in "33-64"); the last bucket is open
@@ -54,6 +55,7 @@ class RequestRecord:
     served_by: str | None = None
     error: str | None = None
     replica: str | None = None  # the server's URL
+    chunk_text: list[str] = field(default_factory=list)  # each chunk's text (exports only, not in report.json)
 
     @classmethod
     def from_result(cls, res: GenerationResult, *, role: str, concurrency: int, prompt_index: int,
@@ -65,7 +67,7 @@ class RequestRecord:
             max_tokens=max_tokens, start=res.sent_at, chunk_t=[c.t_s for c in res.chunks], chunk_tokens=counts,
             prompt_len=prompt_len, prompt_len_unit=prompt_len_unit, accepted=res.accepted_draft_tokens,
             drafted=res.draft_tokens, server_acceptance_length=res.acceptance_length, served_by=res.served_by,
-            replica=replica,
+            replica=replica, chunk_text=[c.text for c in res.chunks],
         )
 
     @classmethod
@@ -131,17 +133,18 @@ class RequestRecord:
         d = asdict(self)
         d["chunk_t"] = [round(t, 6) for t in self.chunk_t]
         d.pop("start")
+        d.pop("chunk_text")
         return d
 
 
 def distribution(values: list[float]) -> dict:
-    """n, mean, min, max and p50/p90/p95/p99 (linear interpolation, numpy's default)."""
+    """n, mean, min, max and p50/p90/p95/p99 (``numpy.percentile``: linear interpolation, as GenAI-Perf)."""
     xs = [v for v in values if v is not None and not math.isnan(v)]
     if not xs:
         return {"n": 0}
     out = {"n": len(xs), "mean": sum(xs) / len(xs), "min": min(xs), "max": max(xs)}
     for q in PERCENTILES:
-        out[f"p{q}"] = percentile(xs, q)
+        out[f"p{q}"] = float(np.percentile(xs, q))
     return out
 
 
@@ -303,3 +306,14 @@ def span(windows: list[Window]) -> float:
     if not ok:
         return 0.0
     return max(r.end for r in ok) - min(r.start for r in ok)
+
+
+def json_safe(o):
+    """NaN is not JSON: write null."""
+    if isinstance(o, float):
+        return None if math.isnan(o) or math.isinf(o) else o
+    if isinstance(o, dict):
+        return {k: json_safe(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [json_safe(v) for v in o]
+    return o

@@ -21,6 +21,7 @@ class Sampling:
     end_id: int | None = None
     pad_id: int | None = None
     return_perf_metrics: bool = True
+    min_tokens: int | None = None  # sent as min_length where the model takes it (pins the output length)
 
     def __post_init__(self):
 
@@ -34,6 +35,8 @@ class Sampling:
             raise ConfigError("top_k", self.top_k, "must be >= 0 (0 = off)")
         if self.seed is not None and self.seed < 0:
             raise ConfigError("seed", self.seed, "must be >= 0")
+        if self.min_tokens is not None and not 1 <= self.min_tokens <= self.max_tokens:
+            raise ConfigError("min_tokens", self.min_tokens, f"must be in 1..max_tokens ({self.max_tokens})")
 
     @classmethod
     def from_recipe(cls, sampling, max_tokens: int, *, seed: int | None = None) -> "Sampling":

@@ -52,7 +52,7 @@ def latency_cdfs(bench: BenchResult, path: pathlib.Path, max_levels: int = 4) ->
             ax.grid(alpha=0.3)
             ax.set_xlabel(title)
             if col == 0:
-                ax.set_ylabel(f"concurrency {lv.concurrency}\nfraction of requests")
+                ax.set_ylabel(f"{lv.load}\nfraction of requests")
             ax.legend(loc="lower right", fontsize=8)
     fig.suptitle("Latency CDFs: baseline vs speculative (left is better)", fontsize=12)
     fig.tight_layout()
@@ -233,10 +233,16 @@ def _slots(ax, n: int, min_slots: int = 3) -> None:
 def bench_plots(bench: BenchResult, out: pathlib.Path, *, min_speedup: float | None = None,
                 at_concurrency: int | None = None, max_draft_len: int | None = None) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
+    if bench.settings.open_loop:
+        from trtspec.validate.load_plots import speedup_by_load  # lazy: trtspec.validate.load_plots imports the package trtspec.validate, whose __init__ imports this module
+
+        load = {"speedup_by_load": speedup_by_load(bench, out / "speedup_by_load.png")}
+    else:
+        load = {"speedup_by_concurrency": speedup_by_concurrency(bench, out / "speedup_by_concurrency.png",
+                                                                 min_speedup, at_concurrency)}
     files = {
         "latency_cdf": latency_cdfs(bench, out / "latency_cdf.png"),
-        "speedup_by_concurrency": speedup_by_concurrency(bench, out / "speedup_by_concurrency.png",
-                                                         min_speedup, at_concurrency),
+        **load,
         "acceptance_length_hist": acceptance_histogram(bench, out / "acceptance_length_hist.png", max_draft_len),
         "speedup_by_output_len": speedup_by_output_length(bench, out / "speedup_by_output_len.png"),
     }

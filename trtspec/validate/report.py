@@ -10,6 +10,7 @@ import pathlib
 from trtspec.client.loadgen import BenchResult
 from trtspec.client.metrics import OUTPUT_LEN_EDGES, PROMPT_LEN_EDGES, bucket_order
 from trtspec.validate import plots
+from trtspec.client.metrics import json_safe
 
 DEFINITIONS = """\
 ## Definitions (GenAI-Perf)
@@ -37,6 +38,11 @@ def _num(v, fmt: str = "{:.2f}") -> str:
     return "–" if v is None else fmt.format(v)
 
 
+def _load(lv: dict) -> str:
+    """A level's load for tables: the concurrency, or the request rate (open loop)."""
+    return lv.get("load", str(lv["concurrency"])).removeprefix("concurrency ")
+
+
 def _x(v) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
@@ -49,20 +55,9 @@ def _json_default(o):
     return str(o)
 
 
-def _clean(o):
-    """NaN is not JSON: write null."""
-    if isinstance(o, float):
-        return None if math.isnan(o) or math.isinf(o) else o
-    if isinstance(o, dict):
-        return {k: _clean(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)):
-        return [_clean(v) for v in o]
-    return o
-
-
 def write_json(data: dict, path: pathlib.Path) -> None:
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_clean(data), indent=2, default=_json_default) + "\n")
+    tmp.write_text(json.dumps(json_safe(data), indent=2, default=_json_default) + "\n")
     os.replace(tmp, path)
 
 
@@ -71,13 +66,21 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
     roles = list(d["models"])
     s = d["settings"]
     load = f"{s['requests']} requests per model and level" if s["requests"] else f"{s['duration_s']} s per model and level"
+    if s.get("request_rates") or s.get("schedule"):
+        load_kind = ("open loop: " + (f"request rates {', '.join(f'{r:g}' for r in s['request_rates'])} /s, gamma "
+                                      f"arrivals (burstiness {s['burstiness']:g})" if s.get("request_rates")
+                                      else "fixed schedule")
+                     + (f", at most {s['max_concurrency']} in flight" if s.get("max_concurrency") else ""))
+    else:
+        load_kind = f"concurrency {', '.join(map(str, s['concurrency']))}"
+    load_col = "load" if s.get("request_rates") or s.get("schedule") else "concurrency"
     lines = [
         f"# {title}",
         "",
         f"- server: `{d['url']}`; models: " + ", ".join(f"{r} `{m}`" for r, m in d["models"].items()),
         f"- prompts: `{d['prompts']['source']}` ({d['prompts']['count']}, lengths in {d['prompts']['length_unit']}); "
         f"output lengths (max_tokens): {', '.join(map(str, s['output_lens']))}; temperature {s['sampling']['temperature']}",
-        f"- load: concurrency {', '.join(map(str, s['concurrency']))}; {load}; {s['warmup']} warm-up requests per model; "
+        f"- load: {load_kind}; {load}; {s['warmup']} warm-up requests per model; "
         "baseline and speculative interleaved in alternating blocks on the same prompts",
         f"- started {d['started']}, wall time {d['wall_s']:.1f} s",
     ]
@@ -96,9 +99,9 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
                       "did not run."]
     lines += [
         "",
-        "## Summary by concurrency",
+        f"## Summary by {load_col}",
         "",
-        "| concurrency | model | req/s | output tok/s | TTFT p50 / p95 ms | ITL p50 ms | ICL p50 ms | "
+        f"| {load_col} | model | req/s | output tok/s | TTFT p50 / p95 ms | ITL p50 ms | ICL p50 ms | "
         "latency p50 / p95 / p99 ms | tok/s per user p50 | AL (server) | AL (chunks) | acceptance rate | errors |",
         "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -107,7 +110,7 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
             m = lv["models"][role]
             a = m["acceptance"]
             lines.append(
-                f"| {lv['concurrency']} | {role} | {_num(m['request_throughput'])} | {_num(m['output_token_throughput'], '{:.1f}')} | "
+                f"| {_load(lv)} | {role} | {_num(m['request_throughput'])} | {_num(m['output_token_throughput'], '{:.1f}')} | "
                 f"{_ms(m['ttft_s'])} / {_ms(m['ttft_s'], 'p95')} | {_ms(m['itl_s'])} | {_ms(m['inter_chunk_latency_s'])} | "
                 f"{_ms(m['request_latency_s'])} / {_ms(m['request_latency_s'], 'p95')} / {_ms(m['request_latency_s'], 'p99')} | "
                 f"{_num(m['output_tps_per_user'].get('p50'), '{:.1f}')} | {_num(a['acceptance_length'])} | "
@@ -129,27 +132,39 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
                         f"{_x(sp) if role == 'speculative' and 'baseline' in roles else ''} |")
     if "baseline" in roles:
         lines += ["", "## Speedup: speculative vs baseline (> 1 = speculative better)", "",
-                  "| concurrency | output tok/s | req/s | tok/s per user p50 | latency p50 | latency p95 | ITL p50 | TTFT p50 |",
+                  f"| {load_col} | output tok/s | req/s | tok/s per user p50 | latency p50 | latency p95 | ITL p50 | TTFT p50 |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for lv in d["levels"]:
             x = lv["speedup"]
-            lines.append(f"| {lv['concurrency']} | {_x(x['output_token_throughput'])} | {_x(x['request_throughput'])} | "
+            lines.append(f"| {_load(lv)} | {_x(x['output_token_throughput'])} | {_x(x['request_throughput'])} | "
                          f"{_x(x['output_tps_per_user_p50'])} | {_x(x['request_latency_p50'])} | "
                          f"{_x(x['request_latency_p95'])} | {_x(x['itl_p50'])} | {_x(x['ttft_p50'])} |")
+    if s.get("goodput"):
+        slo = ", ".join(f"{n} <= {ms:g} ms" for n, ms in s["goodput"])
+        lines += ["", f"## Goodput (SLO: {slo}; every SLO met, failed requests miss)", "",
+                  "| load | model | requests | met | goodput (fraction) | request goodput (req/s) |",
+                  "|---:|---|---:|---:|---:|---:|"]
+        for lv in d["levels"]:
+            for role in roles:
+                g = lv["models"][role].get("goodput") or {}
+                lines.append(f"| {_load(lv)} | {role} | {g.get('requests', 0)} | {g.get('met', 0)} | "
+                             f"{_num(g.get('fraction'), '{:.1%}')} | {_num(g.get('request_goodput'))} |")
+    if d.get("ignore_eos"):
+        lines += ["", "- `--ignore-eos`: " + "; ".join(f"{r}: {v}" for r, v in d["ignore_eos"].items())]
     lines += ["", "## Percentiles", ""]
     metrics = [("ttft_s", "TTFT ms"), ("time_to_second_token_s", "time to 2nd token ms"), ("itl_s", "ITL ms"),
                ("inter_chunk_latency_s", "inter-chunk ms"), ("request_latency_s", "request latency ms")]
-    lines += ["| concurrency | model | metric | p50 | p90 | p95 | p99 | mean | n |",
+    lines += [f"| {load_col} | model | metric | p50 | p90 | p95 | p99 | mean | n |",
               "|---:|---|---|---:|---:|---:|---:|---:|---:|"]
     for lv in d["levels"]:
         for role in roles:
             m = lv["models"][role]
             for key, name in metrics:
                 q = m[key]
-                lines.append(f"| {lv['concurrency']} | {role} | {name} | {_ms(q)} | {_ms(q, 'p90')} | {_ms(q, 'p95')} | "
+                lines.append(f"| {_load(lv)} | {role} | {name} | {_ms(q)} | {_ms(q, 'p90')} | {_ms(q, 'p95')} | "
                              f"{_ms(q, 'p99')} | {_ms(q, 'mean')} | {q.get('n', 0)} |")
             q = m["output_tps_per_user"]
-            lines.append(f"| {lv['concurrency']} | {role} | tok/s per user | {_num(q.get('p50'), '{:.1f}')} | "
+            lines.append(f"| {_load(lv)} | {role} | tok/s per user | {_num(q.get('p50'), '{:.1f}')} | "
                          f"{_num(q.get('p90'), '{:.1f}')} | {_num(q.get('p95'), '{:.1f}')} | {_num(q.get('p99'), '{:.1f}')} | "
                          f"{_num(q.get('mean'), '{:.1f}')} | {q.get('n', 0)} |")
     pooled = d["all_levels"]
@@ -176,6 +191,7 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
     lines += ["", "## Plots", ""]
     captions = {"latency_cdf": "Latency CDFs, baseline vs speculative",
                 "speedup_by_concurrency": "Throughput and speedup by concurrency",
+                "speedup_by_load": "Speculative vs baseline as the request rate rises",
                 "acceptance_length_hist": "Tokens per step and acceptance length",
                 "speedup_by_output_len": "Speedup by output length"}
     for key, fname in plot_files.items():

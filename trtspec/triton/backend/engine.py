@@ -56,6 +56,10 @@ def engine_metric_specs(max_draft_len: int) -> list[tuple]:
         ("trtspec_queue_seconds", "Delay from submission to the request's prefill", "HISTOGRAM", SECONDS_BUCKETS, {}),
         ("trtspec_tokens_per_second", "Decode speed per request (generated / decode time)",
          "HISTOGRAM", TOKENS_PER_S_BUCKETS, {}),
+        ("trtspec_time_to_first_token_seconds", "Submission to the first token, per request (engine side)",
+         "HISTOGRAM", SECONDS_BUCKETS, {}),
+        ("trtspec_inter_token_latency_seconds", "(last token - first token) / (tokens - 1), per request (engine side)",
+         "HISTOGRAM", SECONDS_BUCKETS, {}),
         ("trtspec_resident_memory_bytes", "Resident memory of the model's process", "GAUGE", None, {}),
         ("trtspec_inflight_requests", "Requests queued or generating", "GAUGE", None, {}),
     ]
@@ -79,6 +83,11 @@ def finished_metric_ops(stats, cancelled: bool = False) -> list[tuple]:
         ops.append(("observe", "trtspec_acceptance_length", stats.acceptance_length, {}))
     if stats.generated:
         ops.append(("observe", "trtspec_tokens_per_second", stats.tokens_per_s, {}))
+        ops.append(("observe", "trtspec_time_to_first_token_seconds", stats.ttft_s, {}))
+    if stats.generated > 1:
+        # (last token − first token) / (tokens − 1), as GenAI-Perf's ITL
+        ops.append(("observe", "trtspec_inter_token_latency_seconds",
+                    max(stats.total_s - stats.ttft_s, 0.0) / (stats.generated - 1), {}))
     return ops
 
 
