@@ -24,6 +24,7 @@ import pytest
 from trtspec.config import load_recipe, parse_recipe
 from trtspec.errors import ConfigError, ServerError
 from trtspec.triton import mpi
+from trtspec.triton.access import restricted_args
 from trtspec.triton.mpi import Layout, MpiTritonServer, Placement, launch_plan, layout_for
 from trtspec.trtllm.plan import make_plan
 
@@ -311,7 +312,7 @@ def test_runner_starts_every_rank_waits_for_ready_and_stops(tmp_path, fake_mpiru
                                       grpc_port=e.grpc_port, http_port=e.http_port, metrics_port=e.metrics_port,
                                       tritonserver="/opt/tritonserver/bin/tritonserver", mpirun=str(mpirun),
                                       shm_prefix=server.shm_prefix, exit_timeout=server.exit_timeout,
-                                      log_verbose=0)
+                                      log_verbose=0, extra_args=tuple(restricted_args(server.secret)))
     assert len(set(server.plan.shm_prefixes)) == 7 and all(p.startswith(server.shm_prefix) for p in server.plan.shm_prefixes)
 
 

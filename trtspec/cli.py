@@ -665,7 +665,9 @@ def package(config: str, out_dir: str, build_dir: str | None, target: str | None
 
 @main.command()
 @click.argument("repo", type=click.Path(exists=True, file_okay=False))
-@click.option("--host", default=None, help="Address to bind (default: the recipe's serving.host, 127.0.0.1).")
+@click.option("--host", default=None,
+              help="Address to bind (default: $TRTSPEC_HOST, else 127.0.0.1; never the repository's trtspec.json). "
+                   "A non-loopback address exposes inference to anyone who reaches it: docs/security.md.")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
@@ -730,9 +732,14 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
 def _serve_until_stopped(server, repo: str, signals, as_json: bool) -> None:
     from trtspec.triton.render import read_repository_manifest
 
+    from trtspec.triton.access import exposure_warning
+
     with server:
         signals.serving = True  # ready: from here a signal means "drain and stop", exit 0
         e = server.endpoints
+        exposed = exposure_warning(e.host, e.grpc_port, e.http_port, e.metrics_port)
+        if exposed:
+            err.print(f"warning: {exposed}", markup=False, highlight=False, style="yellow")
         if as_json:
             click.echo(json.dumps({**e.to_dict(), "log": str(server.log_path),
                                    "watchdog": server.watchdog is not None}), nl=True)

@@ -5,15 +5,34 @@ metrics port. So the launcher loads this tiny model from its own work folder (no
 repository) and reports each event to it as an inference request: ``EVENT`` (``declare``,
 ``reload``, ``reload_failed``, ``probe_failed``), ``MODEL`` (the model concerned) and ``SECONDS``
 (time to recovery). Metric calls come only from ``execute`` (one thread), under the lock anyway.
+
+Anyone who reaches the server can send this model requests, so it counts only what the launcher
+sends: ``SECRET`` must be this launch's secret (``trtspec.triton.access``, from the environment the
+stub inherits) and every model named must be one the launcher listed in the ``models`` parameter
+(the repository's models): no forged counts, no label values an attacker chooses.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
+import os
 import threading
 
 import numpy as np
 
+from trtspec.triton.access import SECRET_ENV, SECRET_INPUT
+
 NAME = "trtspec_watchdog"
+MAX_MODELS_BYTES = 4096  # the MODEL input: a comma-separated list of repository model names
+
+
+def config(models: list[str] | tuple[str, ...] = ()) -> str:
+    """config.pbtxt of the watchdog model; ``models``: the names it may count (label values)."""
+    listed = ",".join(sorted(set(models)))
+    return CONFIG.replace("instance_group", f'parameters {{ key: "models" value: {{ string_value: "{listed}" }} }}\n'
+                                            "instance_group", 1)
+
 
 CONFIG = f"""# Written by trtspec's launcher into its work folder; counts watchdog events on /metrics.
 name: "{NAME}"
@@ -22,7 +41,8 @@ max_batch_size: 0
 input [
   {{ name: "EVENT" data_type: TYPE_STRING dims: [ 1 ] }},
   {{ name: "MODEL" data_type: TYPE_STRING dims: [ 1 ] }},
-  {{ name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] }}
+  {{ name: "SECONDS" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "{SECRET_INPUT}" data_type: TYPE_STRING dims: [ 1 ] }}
 ]
 output [ {{ name: "OK" data_type: TYPE_BOOL dims: [ 1 ] }} ]
 instance_group [ {{ count: 1 kind: KIND_CPU }} ]
@@ -61,6 +81,10 @@ class WatchdogModel:
                                                      kind=getattr(self.pb.MetricFamily, kind))
                          for event, (name, kind, desc) in FAMILIES.items()}
         self.metrics: dict[tuple[str, str], object] = {}
+        self.secret = (os.environ.get(SECRET_ENV) or "").encode()
+        params = json.loads(args.get("model_config") or "{}").get("parameters") or {}
+        listed = (params.get("models") or {}).get("string_value", "")
+        self.allowed = set(filter(None, listed.split(",")))
 
     def _metric(self, event: str, model: str):
         key = (event, model)
@@ -73,9 +97,19 @@ class WatchdogModel:
         out = []
         for r in requests:
             try:
+                secret = pb.get_input_tensor_by_name(r, SECRET_INPUT)
+                secret = secret.as_numpy().reshape(-1)[0] if secret is not None else b""
+                if not self.secret or not hmac.compare_digest(bytes(secret), self.secret):
+                    raise PermissionError("only trtspec's launcher may report watchdog events")
+                raw = pb.get_input_tensor_by_name(r, "MODEL").as_numpy().reshape(-1)[0]
+                if len(raw) > MAX_MODELS_BYTES:
+                    raise ValueError(f"MODEL is {len(raw)} bytes (at most {MAX_MODELS_BYTES})")
                 event = pb.get_input_tensor_by_name(r, "EVENT").as_numpy().reshape(-1)[0].decode()
-                models = pb.get_input_tensor_by_name(r, "MODEL").as_numpy().reshape(-1)[0].decode()
+                models = raw.decode()
                 seconds = float(pb.get_input_tensor_by_name(r, "SECONDS").as_numpy().reshape(-1)[0])
+                unknown = [m for m in filter(None, models.split(",")) if m not in self.allowed]
+                if unknown:
+                    raise ValueError(f"not a model of this repository: {unknown[0][:64]!r}")
                 with self.lock:
                     for model in filter(None, models.split(",")):
                         if event == "declare":  # every series exists (at 0) before the first event

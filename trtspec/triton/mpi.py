@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from trtspec.errors import ConfigError, ServerError
+from trtspec.triton.access import restricted_args
 from trtspec.triton.server import TritonServer
 from trtspec.triton_paths import pytriton_dist
 
@@ -425,7 +426,7 @@ class MpiTritonServer(TritonServer):
             self.layout, repository=str(self.repository), host=e.host, grpc_port=e.grpc_port,
             http_port=e.http_port, metrics_port=e.metrics_port, tritonserver=str(self.binary),
             mpirun=mpirun, shm_prefix=self.shm_prefix, exit_timeout=self.exit_timeout,
-            log_verbose=self.log_verbose, extra_args=tuple(extra) + self.extra_args,
+            log_verbose=self.log_verbose, extra_args=tuple(extra) + tuple(restricted_args(self.secret)) + self.extra_args,
             oversubscribe=self.oversubscribe,
         )
         return list(self.plan.argv)
@@ -468,7 +469,7 @@ def planned_launch(server: TritonServer) -> LaunchPlan:
     else:
         layout = Layout(mode="single", world_size=1)
     grpc_port, http_port, metrics_port = server.ports
-    extra = tuple(server.extra_args)
+    extra = (*restricted_args("<per-launch secret>"), *server.extra_args)
     if layout.mode == "single" and getattr(server, "watchdog_settings", None) is not None:
         # as TritonServer.command(): the watchdog's model repository lives in the work folder
         extra = ("--model-control-mode=explicit", "--load-model=*",

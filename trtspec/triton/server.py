@@ -19,6 +19,9 @@ cleans up after servers whose launcher was killed before it could (``sweep_lefto
 With ``watchdog=WatchdogSettings()`` the server runs under explicit model control (every model
 loaded at start) and a :class:`~trtspec.triton.watchdog.Watchdog` reloads models whose python stub
 died (docs/reliability.md).
+
+Every launch closes Triton's model-repository, shared-memory, trace and logging APIs behind a
+secret made for it (``trtspec.triton.access``; docs/security.md): :attr:`TritonServer.secret`.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ import urllib.request
 from dataclasses import dataclass
 
 from trtspec.errors import ServerError
+from trtspec.triton.access import SECRET_ENV, new_secret, resolve_host, restricted_args
 from trtspec.triton_paths import pytriton_dist
 
 SHM_DIR = pathlib.Path("/dev/shm")
@@ -243,6 +247,8 @@ class TritonServer:
         self.watchdog = None  # the running Watchdog
         self.python_env_dirs: list[pathlib.Path] = []
         self._record: pathlib.Path | None = None
+        # closes the repository/shared-memory/trace/logging APIs; the watchdog and the stubs get it
+        self.secret = new_secret()
 
     # ---------------------------------------------------------------- command
 
@@ -258,6 +264,7 @@ class TritonServer:
             f"--exit-timeout-secs={self.exit_timeout}",
             "--disable-auto-complete-config",
             f"--log-verbose={self.log_verbose}",
+            *restricted_args(self.secret),
         ]
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
@@ -271,11 +278,12 @@ class TritonServer:
         return cmd + list(self.extra_args)
 
     def _write_watchdog_model(self) -> None:
-        from trtspec.triton.backend_watchdog import CONFIG, MODEL_PY, NAME
+        from trtspec.triton.backend_watchdog import MODEL_PY, NAME, config
 
         d = self.workdir / "watchdog_repository" / NAME
         (d / "1").mkdir(parents=True, exist_ok=True)
-        (d / "config.pbtxt").write_text(CONFIG)
+        models = [p.parent.name for p in self.repository.glob("*/config.pbtxt")] + [NAME]
+        (d / "config.pbtxt").write_text(config(models))
         (d / "1" / "model.py").write_text(MODEL_PY)
 
     # ---------------------------------------------------------------- lifecycle
@@ -310,7 +318,8 @@ class TritonServer:
             try:
                 # own session/process group: the python stubs are killed with the server
                 self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                             env=server_env(), start_new_session=True, cwd=self.workdir)
+                                             env={**server_env(), SECRET_ENV: self.secret},
+                                             start_new_session=True, cwd=self.workdir)
             except OSError as e:
                 self._log.close()
                 raise ServerError(f"cannot start {binary}: {e}") from None
@@ -325,7 +334,8 @@ class TritonServer:
                 from trtspec.triton.watchdog import Watchdog
 
                 self.watchdog = Watchdog(self.endpoints.http, self.proc.pid, self.watchdog_settings,
-                                         entry_points=self.entry_points, on_event=self.on_watchdog_event).start()
+                                         entry_points=self.entry_points, on_event=self.on_watchdog_event,
+                                         secret=self.secret).start()
         except BaseException:
             self.stop()
             raise
@@ -514,7 +524,9 @@ def server_for_repository(
     **kwargs,
 ) -> TritonServer:
     """A :class:`TritonServer` for a repository; unset options come from the recipe in the
-    repository's ``trtspec.json`` (``serving``), then from the defaults (127.0.0.1, free ports).
+    repository's ``trtspec.json`` (``serving``), then from the defaults (free ports). The bind
+    address never does: ``host``, else ``$TRTSPEC_HOST``, else 127.0.0.1 (a copied repository must
+    not open the server to the network unasked; ``trtspec.triton.access``).
     The watchdog is on unless ``watchdog=None``; by default it watches the stubs only and sends no
     probe requests, which would mix into a validation's measurements (``trtspec run``);
     ``trtspec serve`` turns probes on."""
@@ -533,7 +545,7 @@ def server_for_repository(
 
     return TritonServer(
         repository,
-        host=pick(host, "host", "127.0.0.1"),
+        host=resolve_host(host)[0],
         grpc_port=pick(grpc_port, "grpc_port", 0),
         http_port=pick(http_port, "http_port", 0),
         metrics_port=pick(metrics_port, "metrics_port", 0),
