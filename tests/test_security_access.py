@@ -160,3 +160,28 @@ def test_stop_ids_are_signed_by_the_secret():
     assert verify_stop_id(sid, None) is None  # no secret here: no stop is honoured
     assert verify_stop_id("router-abc", "s3cret") is None
     assert verify_stop_id("router-abc|" + "0" * 32, "s3cret") is None
+
+
+def _report(server, secret, models="echo", event="reload"):
+    body = {"inputs": [
+        {"name": "EVENT", "shape": [1], "datatype": "BYTES", "data": [event]},
+        {"name": "MODEL", "shape": [1], "datatype": "BYTES", "data": [models]},
+        {"name": "SECONDS", "shape": [1], "datatype": "FP32", "data": [1.0]},
+        *([{"name": "SECRET", "shape": [1], "datatype": "BYTES", "data": [secret]}] if secret is not None else []),
+    ]}
+    return http(server, "POST", "/v2/models/trtspec_watchdog/infer", body)
+
+
+def test_the_watchdog_counters_take_only_the_launchers_reports(server):
+    from test_watchdog import metric_value
+
+    series = 'trtspec_watchdog_reloads_total{model="echo"}'
+    before = metric_value(server, series)
+    for secret, models in ((None, "echo"), ("guessed", "echo"), ("", "echo"),
+                           (server.secret, "not_a_model"), (server.secret, "x" * 5000)):
+        status, text = _report(server, secret, models)
+        assert status == 400, (secret, models, status, text)
+    assert metric_value(server, series) == before
+    assert metric_value(server, 'trtspec_watchdog_reloads_total{model="not_a_model"}') is None
+    status, _ = _report(server, server.secret)  # the launcher's own report still counts
+    assert status == 200 and metric_value(server, series) == before + 1

@@ -29,7 +29,9 @@ from trtspec.triton.backend_common import (
     scalar,
     send_error,
 )
+from trtspec.triton.access import secret_from_env, verify_stop_id
 from trtspec.triton.cancel import STOP_INPUT
+from trtspec.triton.guard import check_draft_ids, check_sizes
 from trtspec.triton.requests import GenerationRequest, RequestInputError, parse_generation
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -188,6 +190,11 @@ class EngineModel:
         # request id → its streams in flight, for stop requests (ids are the client's: may repeat)
         self.by_id: dict[str, list[_Stream]] = {}
         self.by_id_lock = threading.Lock()
+        # what a request may send (trtspec.triton.guard): checked before anything is converted
+        self.vocab_size = int(self.engine.target.args.vocab_size)
+        self.max_draft_len = int(spec.max_draft_len)
+        self.max_seq_len = int(self.engine.max_seq_len)
+        self.secret = secret_from_env()  # stop requests must be signed with it (trtspec.triton.access)
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
         self.pb.Logger.log_info(
@@ -209,11 +216,19 @@ class EngineModel:
         sender = request.get_response_sender()
         stop = input_array(self.pb, request, STOP_INPUT)
         if stop is not None and bool(stop.reshape(-1)[0]):
-            self._stop(request.request_id())
+            rid = verify_stop_id(request.request_id(), self.secret)
+            if rid is None:  # a client guessing ids, or a server started without trtspec's launcher
+                send_error(self.pb, sender, f"{self.name}: stop requests are trtspec's own (they need the "
+                                            "launcher's secret); cancel your own request instead")
+                return
+            self._stop(rid)
             sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         try:
-            req = parse_generation(lambda name: input_array(self.pb, request, name))
+            get = lambda name: input_array(self.pb, request, name)  # noqa: E731
+            check_sizes(get, max_input_ids=self.max_seq_len, max_draft_len=self.max_draft_len)
+            req = parse_generation(get)
+            check_draft_ids(req.draft_input_ids, vocab_size=self.vocab_size, max_draft_len=self.max_draft_len)
             kwargs = {}
             if req.draft_input_ids:
                 if not self.external_drafts:

@@ -124,5 +124,6 @@ class WatchdogModel:
                             raise ValueError(f"unknown event {event!r}")
                 out.append(pb.InferenceResponse([pb.Tensor("OK", np.array([True]))]))
             except Exception as e:  # noqa: BLE001 - answer this request, keep serving
-                out.append(pb.InferenceResponse(error=pb.TritonError(f"{NAME}: {type(e).__name__}: {e}")))
+                out.append(pb.InferenceResponse(error=pb.TritonError(f"{NAME}: {type(e).__name__}: {e}",
+                                                                    pb.TritonError.INVALID_ARG)))
         return out

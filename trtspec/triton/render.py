@@ -142,6 +142,7 @@ class ServingInputs:
     add_special_tokens: bool = False
     end_id: int = -1  # the target's EOS, as the engine uses it; -1 = unknown (the model's own applies)
     pad_id: int = -1
+    max_prompt_bytes: int = 1_048_576  # preprocessing refuses a longer text_input before tokenizing
     runtime_spec: Any = None  # trtspec.speculative.runtime.RuntimeSpec (torch)
     trtllm: Any = None  # trtspec.trtllm.handoff.TrtllmBuild (trtllm-engine, trtllm-pytorch)
     recipe: dict = field(default_factory=dict)
@@ -214,6 +215,7 @@ def inputs_from_recipe(
         max_batch_size=recipe.limits.max_batch_size,
         max_input_len=recipe.limits.max_input_len,
         max_seq_len=recipe.limits.max_seq_len,
+        max_prompt_bytes=recipe.limits.max_prompt_bytes,
         default_max_tokens=recipe.validation.max_tokens,
         max_queue_size=recipe.serving.max_queue_size,
         instances=recipe.serving.instances,
@@ -285,6 +287,7 @@ def plan_repository(inp: ServingInputs) -> list[ModelPlan]:
             "add_special_tokens": inp.add_special_tokens,
             "max_input_len": inp.max_input_len,
             "max_seq_len": inp.max_seq_len,
+            "max_prompt_bytes": inp.max_prompt_bytes,
             "default_max_tokens": inp.default_max_tokens,
             "end_id": inp.end_id,
             "pad_id": inp.pad_id,
