@@ -870,12 +870,13 @@ def _replica_table(d: dict, equivalence: dict | None = None) -> Table:
 @click.option("--ready-timeout", default=10.0, show_default=True, type=click.FloatRange(min=0),
               help="Seconds to wait for the server and models to be ready.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+              help="Writes OUT/report.json, OUT/report.md and PNG plots (a new or empty folder, or --force).")
+@click.option("--force", is_flag=True, help="Replace OUT if it holds an earlier bench report (nothing else).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (no per-request records) as JSON.")
 @handle_errors
 def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, warmup, output_len, prompt_len,
           temperature, top_k, top_p, seed, spec_model, baseline_model, no_baseline, tokenizer, no_stream, timeout,
-          ready_timeout, out_dir, as_json):
+          ready_timeout, out_dir, force, as_json):
     """Load-test a deployment: baseline and speculative side by side, GenAI-Perf metrics.
 
     TTFT, time to second token, ITL, inter-chunk latency, request latency, output tokens/s (per
@@ -887,11 +888,13 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
     """
     from trtspec.client.loadgen import BenchSettings, run_bench
     from trtspec.client.types import Sampling
+    from trtspec.outputs import BENCH_REPORT, check_replaceable, write_atomically
     from trtspec.prompts import load_prompts
     from trtspec.validate.report import write_bench_report
 
     if requests is not None and duration is not None:
         raise click.UsageError("pass --requests or --duration, not both")
+    check_replaceable(out_dir, BENCH_REPORT, force)  # before the load test, not after it
     settings = BenchSettings(
         concurrency=concurrency, requests=None if duration else (requests or 16), duration_s=duration,
         warmup=warmup, output_lens=output_len, prompt_lens=prompt_len,
@@ -903,7 +906,7 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
     with prog:
         result = run_bench(urls[0] if len(urls) == 1 else urls, prompts, settings, tokenizer=tokenizer,
                            prompt_source=prompt_source, progress=update, ready_timeout_s=ready_timeout)
-    files = write_bench_report(result, out_dir)
+    files = write_atomically(out_dir, BENCH_REPORT, lambda tmp: write_bench_report(result, tmp), force=force)
     d = result.to_dict(with_records=False)
     if as_json:
         click.echo(json.dumps(d, indent=2, default=str))
@@ -926,7 +929,8 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
                    "(equivalence checked on each, load on all at once).")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+              help="Writes OUT/report.json, OUT/report.md and PNG plots (a new or empty folder, or --force).")
+@click.option("--force", is_flag=True, help="Replace OUT if it holds an earlier validation report (nothing else).")
 @click.option("--model", "spec_model", default="ensemble", show_default=True, help="Speculative model.")
 @click.option("--baseline-model", default="ensemble_baseline", show_default=True, help="Ordinary-decoding model.")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
@@ -935,7 +939,7 @@ def bench(urls, concurrency, prompt_source, num_prompts, requests, duration, war
               help="Seconds to wait for the server and models to be ready.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict and gates as JSON.")
 @handle_errors
-def validate(urls, config, out_dir, spec_model, baseline_model, tokenizer, ready_timeout, as_json):
+def validate(urls, config, out_dir, force, spec_model, baseline_model, tokenizer, ready_timeout, as_json):
     """Validate a served deployment against its recipe's gates; exit 0 = deploy speculative, 1 = keep baseline.
 
     Greedy output equivalence per prompt (first divergence, edit distance; tolerance from
@@ -944,17 +948,20 @@ def validate(urls, config, out_dir, spec_model, baseline_model, tokenizer, ready
     Exit 2: bad recipe or input; 4: server unreachable or failing.
     """
     from trtspec.config import load_recipe
+    from trtspec.outputs import VALIDATION_REPORT, check_replaceable, write_atomically
     from trtspec.validate.report import write_validation_report
     from trtspec.validate.run import run_validation
 
     recipe = load_recipe(config)
+    check_replaceable(out_dir, VALIDATION_REPORT, force)  # before the validation, not after it
     prog, update = _progress()
     with prog:
         result = run_validation(urls[0] if len(urls) == 1 else urls, recipe, tokenizer=tokenizer or True,
                                 speculative_model=spec_model,
                                 baseline_model=baseline_model, progress=update, ready_timeout_s=ready_timeout)
-    write_validation_report(result, out_dir, max_draft_len=recipe.max_draft_len or None,
-                            min_speedup=recipe.validation.gates.min_speedup)
+    write_atomically(out_dir, VALIDATION_REPORT, lambda tmp: write_validation_report(
+        result, tmp, max_draft_len=recipe.max_draft_len or None, min_speedup=recipe.validation.gates.min_speedup),
+        force=force)
     v = result.verdict
     if as_json:
         click.echo(json.dumps({"verdict": v.to_dict(), "report": os.path.join(out_dir, "report.md")}, indent=2))
@@ -1064,8 +1071,10 @@ def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image
               default=None, help="Re-run this stage and everything after it, even if finished.")
 @click.option("--until", type=click.Choice(["check", "quantize", "build", "package", "serve", "validate", "report"]),
               default=None, help="Stop after this stage.")
+@click.option("--explain", is_flag=True, help="Say why each stage ran (which input changed) or was reused.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stage records and verdict as JSON.")
-def run_cmd(config: str, workdir: str | None, start: str | None, until: str | None, as_json: bool) -> None:
+def run_cmd(config: str, workdir: str | None, start: str | None, until: str | None, explain: bool,
+            as_json: bool) -> None:
     """Run the whole pipeline: check → quantize → build → package → serve → validate → report.
 
     \b
@@ -1083,13 +1092,15 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
         if as_json:
             return
         if what == "start":
-            out.print(f"▶ {stage} …")
+            out.print(f"▶ {stage} …" + (f"  [dim]why: {escape(info['why'])}[/]" if explain and info.get("why") else ""))
             return
         detail = ""
         if what in ("done", "skipped") and "seconds" in info:
             detail = f" {info['seconds']:.1f} s"
         if what == "reused":
             detail = " (finished earlier, reused)"
+            if explain and info.get("why"):
+                detail += f"  [dim]{escape(info['why'])}[/]"
         if what == "skipped" and info.get("note"):
             detail += f" — {info['note']}"
         if stage == "serve" and what == "done":

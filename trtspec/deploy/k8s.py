@@ -439,6 +439,9 @@ def write_k8s(
     out = pathlib.Path(out).resolve()
     if out.exists() and not overwrite:
         raise RenderError(f"output folder {out} already exists", fix="choose a new folder, or pass --force")
+    from trtspec.outputs import check_replaceable
+
+    check_replaceable(out, KIND, overwrite)  # --force replaces only a deployment folder trtspec wrote
     _check_on_volume({"deployment folder": str(out)}, opts.mount_path)
     app = app_name(recipe.name, opts.name)
     d = recipe_to_dict(recipe)

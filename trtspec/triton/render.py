@@ -474,6 +474,9 @@ def render_repository(
     if out.exists() and not overwrite:
         raise RenderError(f"output folder {out} already exists",
                           fix="choose a new folder, or pass --force to replace it")
+    from trtspec.outputs import check_replaceable
+
+    check_replaceable(out, REPOSITORY_KIND, overwrite)  # --force replaces only a repository trtspec rendered
     plans = plan_repository(inp)
     names = [p.name for p in plans]
     if len(set(names)) != len(names):

@@ -312,6 +312,7 @@ class TritonServer:
         self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(self.host),
                                    m or free_port(self.host))
         self.log_path = self.workdir / "tritonserver.log"
+        rotate_log(self.log_path)  # the last runs' logs stay (a restart must not erase why it stopped)
         self._log = open(self.log_path, "wb")
         self.cmd = self.command(backends)
         with _start_lock():
@@ -653,6 +654,16 @@ def sweep_leftovers() -> list[int]:
         rec.path.unlink(missing_ok=True)
         swept.append(rec.server_pid)
     return swept
+
+
+def rotate_log(path: pathlib.Path, keep: int = 3) -> None:
+    """``path`` → ``path.1`` → ... → ``path.<keep>`` (the oldest dropped)."""
+    for i in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+    if path.exists():
+        os.replace(path, path.with_name(f"{path.name}.1"))
 
 
 def _shorten(s: str, n: int = 600) -> str:
