@@ -185,3 +185,54 @@ def test_the_watchdog_counters_take_only_the_launchers_reports(server):
     assert metric_value(server, 'trtspec_watchdog_reloads_total{model="not_a_model"}') is None
     status, _ = _report(server, server.secret)  # the launcher's own report still counts
     assert status == 200 and metric_value(server, series) == before + 1
+
+
+def _local_address() -> str | None:
+    """This machine's own non-loopback IPv4 address (no packet is sent), or None."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 9))
+            addr = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if addr.startswith("127.") or addr == "0.0.0.0" else addr
+
+
+def test_cli_serve_warns_when_it_binds_a_non_loopback_address(tmp_path):
+    """`trtspec serve --host <this machine's address>`: the warning names the ports and what they
+    expose, and the watchdog (which talks to that address) still works with the secret."""
+    import os
+    import pathlib
+    import signal
+    import subprocess
+    import sys
+
+    addr = _local_address()
+    if addr is None:
+        pytest.skip("no non-loopback IPv4 address on this machine")
+    model(tmp_path / "repo", "echo")
+    trtspec = pathlib.Path(sys.executable).parent / "trtspec"
+    proc = subprocess.Popen([str(trtspec), "serve", str(tmp_path / "repo"), "--host", addr, "--json",
+                             "--ready-timeout", "60", "--probe-every", "0"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "XDG_RUNTIME_DIR": ""})
+    try:
+        endpoints = json.loads(proc.stdout.readline())
+        assert endpoints["grpc"].startswith(addr)
+        with pytest.raises(urllib.error.HTTPError) as refused:  # the admin API stays closed
+            urllib.request.urlopen(urllib.request.Request(endpoints["http"] + "/v2/repository/index", data=b"{}"),
+                                   timeout=10)
+        assert refused.value.code in (401, 403)
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+        err = proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert rc == 0, err
+    grpc_port = endpoints["grpc"].rsplit(":", 1)[1]
+    flat = " ".join(err.split())
+    assert f"warning: binding {addr}" in flat and f"gRPC :{grpc_port}" in flat and "unauthenticated" in flat
+    assert "need this launch's secret" in flat
