@@ -682,10 +682,15 @@ def package(config: str, out_dir: str, build_dir: str | None, target: str | None
               help="Seconds between the watchdog's one-token probes of the entry points; 0 = no probes.")
 @click.option("--load-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="Seconds a watchdog reload may take before the server is stopped with an error.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="gRPC over TLS: the server certificate (PEM); needs --tls-key. HTTP stays plaintext.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="gRPC over TLS: the server key (PEM).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+              help="Mutual TLS: clients must present a certificate this CA signed (PEM).")
 @handle_errors
 def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
           ready_timeout: float | None, as_json: bool, dry_run: bool, no_watchdog: bool, probe_every: float,
-          load_timeout: float) -> None:
+          load_timeout: float, tls_cert: str | None, tls_key: str | None, tls_ca: str | None) -> None:
     """Serve a model repository with tritonserver until Ctrl-C, SIGTERM or SIGHUP.
 
     Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
@@ -701,11 +706,16 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     from trtspec.triton.server import StopRequested, StopSignals, server_for_repository
     from trtspec.triton.watchdog import WatchdogSettings
 
+    from trtspec.triton.access import TlsSettings
+
+    if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
+        raise click.UsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
     watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
                                                          load_timeout_s=load_timeout)
     server = with_repository_layout(server_for_repository(
         repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
         ready_timeout=ready_timeout, watchdog=watchdog,
+        tls=TlsSettings(tls_cert, tls_key, tls_ca) if tls_cert else None,
         on_watchdog_event=lambda ev: err.print(str(ev), markup=False)))
     if dry_run:
         plan = planned_launch(server)

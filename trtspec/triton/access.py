@@ -32,7 +32,10 @@ import hmac
 import ipaddress
 import os
 import secrets
+from dataclasses import dataclass
 from typing import Mapping
+
+from trtspec.errors import ConfigError
 
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 HEADER = "trtspec-admin-key"
@@ -41,6 +44,29 @@ SECRET_ENV = "TRTSPEC_LAUNCH_SECRET"  # the secret, in the server's (and so the 
 HOST_ENV = "TRTSPEC_HOST"
 SECRET_INPUT = "SECRET"  # the trtspec_watchdog model's input that carries the secret
 _STOP_SEP = "|"
+
+
+@dataclass(frozen=True)
+class TlsSettings:
+    """Triton's gRPC over TLS: the server's certificate and key (PEM files); with ``ca``, clients
+    must present a certificate that CA signed (mutual TLS). Triton 2.51 has TLS on gRPC only: the
+    HTTP port (watchdog, health, /generate) stays plaintext, so keep it on loopback or inside the
+    mesh (docs/security.md)."""
+
+    cert: str
+    key: str
+    ca: str | None = None
+
+    def check(self) -> None:
+        for flag, path in (("--tls-cert", self.cert), ("--tls-key", self.key), ("--tls-ca", self.ca)):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(flag, path, "file not found", fix="pass a PEM file")
+
+    def args(self) -> list[str]:
+        out = [f"--grpc-server-cert={os.path.abspath(self.cert)}", f"--grpc-server-key={os.path.abspath(self.key)}"]
+        if self.ca:
+            return ["--grpc-use-ssl-mutual=true", *out, f"--grpc-root-cert={os.path.abspath(self.ca)}"]
+        return ["--grpc-use-ssl=true", *out]
 
 
 def new_secret() -> str:

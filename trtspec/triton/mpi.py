@@ -426,7 +426,8 @@ class MpiTritonServer(TritonServer):
             self.layout, repository=str(self.repository), host=e.host, grpc_port=e.grpc_port,
             http_port=e.http_port, metrics_port=e.metrics_port, tritonserver=str(self.binary),
             mpirun=mpirun, shm_prefix=self.shm_prefix, exit_timeout=self.exit_timeout,
-            log_verbose=self.log_verbose, extra_args=tuple(extra) + tuple(restricted_args(self.secret)) + self.extra_args,
+            log_verbose=self.log_verbose, extra_args=(*extra, *restricted_args(self.secret), *(self.tls.args() if self.tls else ()),
+                        *self.extra_args),
             oversubscribe=self.oversubscribe,
         )
         return list(self.plan.argv)
@@ -450,7 +451,7 @@ def with_repository_layout(server: TritonServer) -> TritonServer:
         server.repository, layout, host=server.host, grpc_port=grpc_port, http_port=http_port,
         metrics_port=metrics_port, ready_timeout=server.ready_timeout, exit_timeout=server.exit_timeout,
         binary=server.binary, workdir=server.workdir_arg, log_verbose=server.log_verbose,
-        extra_args=server.extra_args,
+        extra_args=server.extra_args, tls=server.tls,
     )
 
 

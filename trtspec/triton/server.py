@@ -221,6 +221,7 @@ class TritonServer:
         watchdog=None,
         entry_points: tuple[str, ...] = (),
         on_watchdog_event=None,
+        tls=None,
     ):
         self.repository = pathlib.Path(repository).resolve()
         if not self.repository.is_dir():
@@ -250,6 +251,9 @@ class TritonServer:
         self._record: pathlib.Path | None = None
         # closes the repository/shared-memory/trace/logging APIs; the watchdog and the stubs get it
         self.secret = new_secret()
+        self.tls = tls  # trtspec.triton.access.TlsSettings | None: gRPC over TLS
+        if tls is not None:
+            tls.check()
 
     # ---------------------------------------------------------------- command
 
@@ -266,6 +270,7 @@ class TritonServer:
             "--disable-auto-complete-config",
             f"--log-verbose={self.log_verbose}",
             *restricted_args(self.secret),
+            *(self.tls.args() if self.tls is not None else []),
         ]
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
