@@ -747,7 +747,7 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool) -> None:
     with server:
         signals.serving = True  # ready: from here a signal means "drain and stop", exit 0
         e = server.endpoints
-        exposed = exposure_warning(e.host, e.grpc_port, e.http_port, e.metrics_port)
+        exposed = exposure_warning(e.host, e.grpc_port, e.http_port, e.metrics_port, tls=server.tls is not None)
         if exposed:
             err.print(f"warning: {exposed}", markup=False, highlight=False, style="yellow")
         if as_json:

@@ -140,7 +140,8 @@ def is_loopback(host: str) -> bool:
         return False  # a host name: assume it resolves to something reachable
 
 
-def exposure_warning(host: str, grpc_port: int, http_port: int, metrics_port: int) -> str | None:
+def exposure_warning(host: str, grpc_port: int, http_port: int, metrics_port: int, *,
+                     tls: bool = False) -> str | None:
     """None on loopback; else what anyone who reaches ``host`` can use."""
     if is_loopback(host):
         return None
@@ -148,5 +149,5 @@ def exposure_warning(host: str, grpc_port: int, http_port: int, metrics_port: in
             f"(gRPC :{grpc_port}, HTTP :{http_port}: inference, health, metadata, model config, statistics), "
             f"and read the metrics (:{metrics_port}: model names, request counts, latencies). "
             f"The model-repository, shared-memory, trace and logging APIs need this launch's secret. "
-            f"There is no TLS and no client authentication: put the server behind a gateway or a mesh "
-            f"(docs/security.md)")
+            + ("gRPC uses TLS, HTTP and metrics do not; " if tls else "There is no TLS; ")
+            + "there is no client authentication: put the server behind a gateway or a mesh (docs/security.md)")
