@@ -203,3 +203,45 @@ def test_explain_names_what_changed():
     why = explain("build", old, inputs={"prompts": "b", "tokenizer": "t"}, recipe="r2", prev=["k1", "k3"],
                   forced_by=None, stages=stages)
     assert why == "the recipe changed; changed: prompts; an earlier stage ran again: quantize"
+
+
+def test_an_edited_prompts_file_reruns_build_and_package_and_run_explain_says_why(tmp_path, tiny_models):
+    """`trtspec run --until package` twice around an edit of the prompts file (same name): the
+    second run re-runs the stages that read it (build tunes on the prompts) and what follows,
+    reuses the rest, and --explain names the changed input."""
+    import sys
+
+    import yaml
+
+    target, draft = tiny_models
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "def add(a, b):\\n    return a + b\\n"}\n{"text": "class Stack:\\n    def push(self, x):"}\n')
+    cfg = tmp_path / "r.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "name": "explain-test", "target": {"model": str(target)},
+        "speculation": {"method": "draft_target", "draft": {"model": str(draft)}, "max_draft_len": 3},
+        "runtime": {"backend": "torch", "dtype": "float32", "device": "cpu", "torch_threads": 1},
+        "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
+        "validation": {"prompts": str(prompts), "num_prompts": 2, "max_tokens": 8}}))
+    trtspec = pathlib.Path(sys.executable).parent / "trtspec"
+    wd = tmp_path / "work"
+
+    def run():
+        import subprocess
+
+        r = subprocess.run([str(trtspec), "run", str(cfg), "--workdir", str(wd), "--until", "package", "--explain"],
+                           capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout
+
+    first = run()
+    assert "no finished earlier run of this stage" in first
+    again = run()
+    assert "▶" not in again  # nothing ran: every stage reused, and said so
+    assert again.count("reused: same recipe, earlier stages and inputs") >= 3
+    prompts.write_text(prompts.read_text().replace("add", "sub"))  # same name, new content
+    edited = run()
+    lines = {ln.split()[1]: ln for ln in edited.splitlines() if ln.startswith("▶")}
+    assert set(lines) == {"build", "package"}, edited
+    assert "changed: prompts" in lines["build"]
+    assert "an earlier stage ran again: build" in lines["package"]
