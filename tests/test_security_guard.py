@@ -11,7 +11,7 @@ import pytest
 from trtspec.config import parse_recipe
 from trtspec.triton.access import verify_stop_id
 from trtspec.triton.cancel import new_request_id
-from trtspec.triton.guard import check_draft_ids, check_prompt_bytes, check_sizes
+from trtspec.triton.guard import check_draft_ids, check_prompt_bytes, check_sizes, is_fatal_device_error
 from trtspec.triton.requests import RequestInputError
 
 
@@ -58,3 +58,12 @@ def test_engine_request_ids_are_unguessable():
     assert len(ids) == 1000
     assert all(re.fullmatch(r"router-[0-9a-f]{32}", i) for i in ids)
     assert all(verify_stop_id(i, "s") is None for i in ids)  # an id alone never stops anything
+
+
+def test_fatal_device_errors_are_told_apart_from_request_errors():
+    assert is_fatal_device_error("error: CUDA error: an illegal memory access was encountered")
+    assert is_fatal_device_error("error: RuntimeError: CUDA error: device-side assert triggered")
+    assert is_fatal_device_error("error: CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx")
+    assert not is_fatal_device_error("error: index out of range in self")
+    assert not is_fatal_device_error("error: CUDA out of memory. Tried to allocate 2.00 GiB")  # recoverable
+    assert not is_fatal_device_error(None)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import pathlib
 import threading
 import time
@@ -31,7 +32,7 @@ from trtspec.triton.backend_common import (
 )
 from trtspec.triton.access import secret_from_env, verify_stop_id
 from trtspec.triton.cancel import STOP_INPUT
-from trtspec.triton.guard import check_draft_ids, check_sizes
+from trtspec.triton.guard import check_draft_ids, check_sizes, is_fatal_device_error
 from trtspec.triton.requests import GenerationRequest, RequestInputError, parse_generation
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -138,6 +139,8 @@ class _Stream:
             send_error(pb, self.sender, f"generation failed: {ev.finish_reason[len('error: '):]}",
                        invalid_argument=False)
             self.model.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
+            if is_fatal_device_error(ev.finish_reason):
+                self.model.exit_stub(ev.finish_reason)
             return None
         if self.first_draft is not None and ev.stats.generated == len(ev.new_tokens) and ev.new_tokens:
             self.first_accepted = int(ev.new_tokens[0] == self.first_draft)
@@ -273,6 +276,16 @@ class EngineModel:
         with self.by_id_lock:
             for stream in self.by_id.get(request_id, []):
                 stream.stop_requested = True
+
+    def exit_stub(self, why: str) -> None:
+        """A fatal device error: every later request would fail while the stub looks alive, so end
+        the stub (after the other requests of this step got their errors) and let the watchdog
+        reload the model."""
+        if getattr(self, "_exiting", False):
+            return
+        self._exiting = True
+        self.pb.Logger.log_error(f"{self.name}: fatal device error, exiting the stub for a reload: {why}")
+        threading.Timer(0.5, os._exit, (70,)).start()
 
     def finalize(self) -> None:
         # cancels what is still running; each request gets its final response

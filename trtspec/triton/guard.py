@@ -11,6 +11,10 @@ strictly, and *before* the expensive part:
   fails the whole co-batched step (every request in it), a long draft allocates logits for it.
 
 Each problem is a :class:`~trtspec.triton.requests.RequestInputError` (INVALID_ARGUMENT).
+
+:func:`is_fatal_device_error`: after a CUDA error of this kind the process's CUDA context is
+unusable, and every later request fails while the stub looks alive; the engine model then exits
+its stub so that the watchdog reloads the model (not exercised on this CPU-only machine).
 """
 
 from __future__ import annotations
@@ -22,6 +26,13 @@ import numpy as np
 from trtspec.triton.requests import RequestInputError
 
 DEFAULT_MAX_PROMPT_BYTES = 1_048_576
+# errors after which a CUDA context cannot be trusted (PyTorch / driver wording)
+FATAL_DEVICE_ERRORS = ("CUDA error", "device-side assert", "illegal memory access", "CUBLAS_STATUS_",
+                       "CUDNN_STATUS_", "NCCL error", "unspecified launch failure", "misaligned address")
+
+
+def is_fatal_device_error(text: str | None) -> bool:
+    return bool(text) and any(m.lower() in text.lower() for m in FATAL_DEVICE_ERRORS)
 
 
 def check_prompt_bytes(raw, limit: int) -> None:
