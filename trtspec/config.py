@@ -477,6 +477,10 @@ class Limits(Strict):
     max_batch_size: int = Field(8, ge=1, le=4096)
     max_input_len: int = Field(512, ge=1, le=1_048_576)
     max_seq_len: int = Field(1024, ge=2, le=1_048_576)
+    max_prompt_bytes: int = Field(
+        1_048_576, ge=1, le=2**31 - 1,
+        description="text_input longer than this many bytes is refused before it is tokenized",
+    )
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     draft_tensor_parallel_size: int | None = Field(None, ge=1, le=64)

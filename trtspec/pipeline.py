@@ -1,12 +1,14 @@
 """``trtspec run CONFIG``: check → quantize → build → package → serve → validate → report.
 
 Every finished stage leaves ``WORKDIR/<stage>/trtspec.json`` with a key over its inputs (the
-recipe, the previous stages' keys and, for models, a fingerprint of the files). A re-run reuses
+recipe, the previous stages' keys, the trtspec version and the contents of the files it reads:
+``trtspec.run_inputs``), and those inputs, so ``--explain`` can say why a stage ran. A re-run reuses
 every stage whose key is unchanged, so after a failure it resumes from the stage that failed;
 ``--from STAGE`` forces a stage and everything after it, ``--until STAGE`` stops after one.
 Stages write into temp folders renamed on success. The server is started only for the
 validate stage, inside a context manager: it is stopped (process group killed, shared memory
-removed) on success, on failure and on Ctrl-C alike.
+removed) on success, on failure and on Ctrl-C alike. One run at a time holds the work folder
+(``trtspec.outputs.work_lock``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ from trtspec.report import write_run_report
 from trtspec.trtllm.build import build
 from trtspec.hub import resolve_recipe
 from trtspec.client.prom import scrape
+from trtspec.run_inputs import explain, recipe_hash, stage_inputs
+from trtspec.outputs import work_lock
 
 STAGES = ("check", "quantize", "build", "package", "serve", "validate", "report")
 STAGE_KIND = "pipeline-stage"
@@ -48,6 +52,7 @@ class StageRecord:
     status: str  # done | reused | skipped | failed
     seconds: float = 0.0
     info: dict = field(default_factory=dict)
+    why: str = ""  # why it ran, or why it was reused (trtspec run --explain)
 
 
 @dataclass
@@ -87,6 +92,7 @@ class Pipeline:
         self.on_event = on_event or (lambda *a: None)
         self.ready_timeout_s = ready_timeout_s
         self.keys: dict[str, str] = {}
+        self.inputs: dict[str, Any] = {}  # stage → what its key covers besides the recipe (run_inputs)
         self.outputs: dict[str, dict] = {}
         self.stage_log: list[dict] = []  # {stage, status, seconds}, in order (the report's table)
         self.server = None  # the TritonServer while the validate stage runs
@@ -96,9 +102,12 @@ class Pipeline:
     def stage_dir(self, stage: str) -> pathlib.Path:
         return self.workdir / stage
 
+    def _prev(self, stage: str) -> list:
+        return [self.keys.get(s) for s in STAGES[: STAGES.index(stage)]]
+
     def _key(self, stage: str, extra: Any = None) -> str:
-        prev = [self.keys.get(s) for s in STAGES[: STAGES.index(stage)]]
-        return hash_json({"stage": stage, "recipe": recipe_to_dict(self.recipe), "prev": prev, "extra": extra})[:20]
+        return hash_json({"stage": stage, "recipe": recipe_to_dict(self.recipe), "prev": self._prev(stage),
+                          "extra": extra})[:20]
 
     def _reusable(self, stage: str, key: str) -> dict | None:
         m = maybe_manifest(self.stage_dir(stage))
@@ -107,6 +116,14 @@ class Pipeline:
         return None
 
     def run(self, *, start: str | None = None, until: str | None = None) -> RunResult:
+
+        for name, value in (("--from", start), ("--until", until)):
+            if value is not None and value not in STAGES:
+                raise TrtspecError(f"{name} {value!r} is not a stage", fix=f"use one of: {', '.join(STAGES)}")
+        with work_lock(self.workdir):  # two runs of one recipe must not interleave their stages
+            return self._run(start=start, until=until)
+
+    def _run(self, *, start: str | None, until: str | None) -> RunResult:
         for name, value in (("--from", start), ("--until", until)):
             if value is not None and value not in STAGES:
                 raise TrtspecError(f"{name} {value!r} is not a stage", fix=f"use one of: {', '.join(STAGES)}")
@@ -122,19 +139,25 @@ class Pipeline:
             if stage == "serve":
                 continue  # started inside validate; recorded there
             fn = getattr(self, f"_stage_{stage}")
-            key = self._key(stage, self._extra(stage))
+            inputs = self._extra(stage)
+            key = self._key(stage, inputs)
             self.keys[stage] = key
+            self.inputs[stage] = inputs
             reuse = None if i >= first_forced else self._reusable(stage, key)
             if reuse is not None:
                 self.outputs[stage] = reuse.get("outputs", {})
-                records.append(StageRecord(stage, "reused", 0.0, self.outputs[stage]))
+                why = f"reused: same recipe, earlier stages and inputs as its run of {reuse.get('created', '?')}"
+                records.append(StageRecord(stage, "reused", 0.0, self.outputs[stage], why))
                 self.stage_log.append({"stage": stage, "status": "reused", "seconds": 0.0,
                                        "ran_seconds": reuse.get("seconds", 0.0)})
-                self.on_event(stage, "reused", self.outputs[stage])
+                self.on_event(stage, "reused", {**self.outputs[stage], "why": why})
                 if stage == "validate":
                     result.verdict = self.outputs[stage].get("verdict")
                 continue
-            self.on_event(stage, "start", {})
+            why = explain(stage, maybe_manifest(self.stage_dir(stage)) if self.stage_dir(stage).is_dir() else None,
+                          inputs=inputs, recipe=recipe_hash(recipe_to_dict(self.recipe)), prev=self._prev(stage),
+                          forced_by=start if i >= first_forced else None, stages=STAGES)
+            self.on_event(stage, "start", {"why": why})
             t0 = time.perf_counter()
             try:
                 outputs = fn()
@@ -149,8 +172,8 @@ class Pipeline:
             self.outputs[stage] = outputs
             self.stage_log.append({"stage": stage, "status": status, "seconds": round(dt, 3)})
             self._record(stage, key, outputs, dt)
-            records.append(StageRecord(stage, status, dt, outputs))
-            self.on_event(stage, status, {**outputs, "seconds": dt})
+            records.append(StageRecord(stage, status, dt, outputs, why))
+            self.on_event(stage, status, {**outputs, "seconds": dt, "why": why})
             if stage == "validate":
                 result.verdict = outputs.get("verdict")
         if "report" in self.outputs:
@@ -158,15 +181,15 @@ class Pipeline:
         return result
 
     def _extra(self, stage: str) -> Any:
-        if stage == "quantize":
-            return {r: fingerprint(m.model) for r, m in self._models()}
-        return None
+        fingerprints = {r: fingerprint(m.model) for r, m in self._models()} if stage == "quantize" else None
+        return stage_inputs(self.recipe, stage, fingerprints)
 
     def _record(self, stage: str, key: str, outputs: dict, seconds: float) -> None:
         d = self.stage_dir(stage)
         d.mkdir(parents=True, exist_ok=True)
         write_manifest(d, STAGE_KIND, stage=stage, key=key, recipe=self.recipe.name, seconds=round(seconds, 3),
-                       outputs=outputs)
+                       outputs=outputs, inputs=self.inputs.get(stage),
+                       recipe_hash=recipe_hash(recipe_to_dict(self.recipe)), prev=self._prev(stage))
 
     def _invalidate_from(self, stage: str) -> None:
         """A failed stage, and everything after it, must run again next time."""

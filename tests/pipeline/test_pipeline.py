@@ -155,10 +155,10 @@ def test_sigterm_mid_validation_stops_the_server_and_keeps_finished_stages(tmp_p
     recipe = _recipe(tmp_path, target, None, name="pipe-term", validation=validation)
     tmp, wd = tmp_path / "tmp", tmp_path / "work"
     tmp.mkdir()
-    records = tmp / "trtspec-triton-servers"
+    records = tmp / f"trtspec-{os.getuid()}"  # the per-user state folder
     trtspec = pathlib.Path(sys.executable).parent / "trtspec"
     proc = subprocess.Popen([str(trtspec), "run", str(recipe), "--workdir", str(wd)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp), "XDG_RUNTIME_DIR": ""})
     try:
         seen = []
         for line in proc.stdout:  # the CLI prints each stage; the server is up once "serve" is done

@@ -22,7 +22,7 @@ from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
 from trtspec.triton.launch.watchdog import WatchdogSettings
 
-from tests.TIER.test_validate_server import tiny_recipe
+from tests.serving.test_validate_server import tiny_recipe
 
 DASHBOARD = pathlib.Path(__file__).resolve().parents[2] / "trtspec" / "data" / "grafana" / "speculative.json"
 TRTLLM_FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "golden" / "metrics" / "trtllm_triton.prom"

@@ -62,7 +62,7 @@ def group_alive(pgid: int, wait: float = 10.0) -> bool:
 
 def sigterm_launcher(proc: subprocess.Popen, records: pathlib.Path, timeout: float = 60) -> tuple[int, int, str, str]:
     """SIGTERM a running `trtspec` launcher whose server recorded itself in ``records``
-    ($TMPDIR/trtspec-triton-servers); -> (server pid, exit code, stdout, stderr). Kills the
+    ($TMPDIR/trtspec-<uid>); -> (server pid, exit code, stdout, stderr). Kills the
     launcher if it does not exit."""
     try:
         server_pid = json.loads(next(records.glob("*.json")).read_text())["server_pid"]
@@ -171,10 +171,10 @@ def test_cli_serve_stopped_while_loading_leaves_nothing_running(tmp_path):
     model(tmp_path / "repo", "slow", init="import time; time.sleep(60)")
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    records = tmp / "trtspec-triton-servers"
+    records = tmp / f"trtspec-{os.getuid()}"  # the per-user state folder
     trtspec = pathlib.Path(sys.executable).parent / "trtspec"
     proc = subprocess.Popen([str(trtspec), "serve", str(tmp_path / "repo"), "--json", "--ready-timeout", "120"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp)})
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(tmp), "XDG_RUNTIME_DIR": ""})
     try:
         deadline = time.monotonic() + 60
         while not list(records.glob("*.json")):  # written once tritonserver runs, before it is ready

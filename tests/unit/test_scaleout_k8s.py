@@ -30,6 +30,9 @@ from trtspec.trtllm.plan import make_plan
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]' (kubernetes-validate)")
 istio_v1 = pytest.importorskip("cloudcoil.models.istio.networking.v1", reason="pip install -e '.[dev]' (cloudcoil-models-istio)")
+istio_security = pytest.importorskip("cloudcoil.models.istio.security.v1", reason="pip install -e '.[dev]' (cloudcoil-models-istio)")
+ISTIO = {"VirtualService": istio_v1.VirtualService, "PeerAuthentication": istio_security.PeerAuthentication,
+         "AuthorizationPolicy": istio_security.AuthorizationPolicy}
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "scaleout" / "k8s"
@@ -54,11 +57,11 @@ def _golden(name: str, text: str) -> None:
 
 def validate_object(obj: dict) -> None:
     """Raise unless ``obj`` is valid for its kind's published schema."""
-    if obj.get("kind") == "VirtualService":
-        model = istio_v1.VirtualService.model_validate(obj)  # types and enums
+    if obj.get("kind") in ISTIO:
+        model = ISTIO[obj["kind"]].model_validate(obj)  # types and enums
         back = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
         if back != obj:  # the model drops what it does not know: a typo or a wrong nesting
-            raise ValueError(f"VirtualService has fields Istio's schema does not define: {_diff(obj, back)}")
+            raise ValueError(f"{obj['kind']} has fields Istio's schema does not define: {_diff(obj, back)}")
         return
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -198,9 +201,9 @@ def test_objects_are_wired_to_each_other(case):
         assert d["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
         c = pod["spec"]["containers"][0]
         names = {p["name"] for p in c["ports"]}
-        assert {c["readinessProbe"]["httpGet"]["port"], c["livenessProbe"]["httpGet"]["port"]} == {"http"}
+        assert c["readinessProbe"]["httpGet"]["port"] == "http"
         assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-        assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
+        assert c["livenessProbe"]["exec"]["command"][:2] == ["python3", "-c"]  # a request (tests/test_security_k8s.py)
         claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v}
         assert claims == {opts.get("pvc") or f"{app_name(recipe.name, opts.get('name'))}-models"}
         assert ("PersistentVolumeClaim", next(iter(claims))) in by or opts.get("pvc")

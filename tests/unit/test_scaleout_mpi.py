@@ -27,6 +27,7 @@ from trtspec.triton import placement
 from trtspec.triton.launch import mpi
 from trtspec.triton.launch.mpi import MpiTritonServer, launch_plan
 from trtspec.triton.placement import Layout, Placement, layout_for
+from trtspec.triton.access import restricted_args
 from trtspec.trtllm.plan import make_plan
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -313,7 +314,7 @@ def test_runner_starts_every_rank_waits_for_ready_and_stops(tmp_path, fake_mpiru
                                       grpc_port=e.grpc_port, http_port=e.http_port, metrics_port=e.metrics_port,
                                       tritonserver="/opt/tritonserver/bin/tritonserver", mpirun=str(mpirun),
                                       shm_prefix=server.shm_prefix, exit_timeout=server.exit_timeout,
-                                      log_verbose=0)
+                                      log_verbose=0, extra_args=tuple(restricted_args(server.secret)))
     assert len(set(server.plan.shm_prefixes)) == 7 and all(p.startswith(server.shm_prefix) for p in server.plan.shm_prefixes)
 
 

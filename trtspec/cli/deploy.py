@@ -42,14 +42,19 @@ def deploy() -> None:
 @click.option("--target-queue-ms", default=100.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
               help="Scale out above this average queue time per request.")
 @click.option("--shm-size", default="16Gi", show_default=True, help="/dev/shm of each pod (python backend, NCCL).")
-@click.option("--cpu", default=None, help="CPU request per pod, e.g. 16.")
-@click.option("--memory", default=None, help="Memory request and limit per pod, e.g. 256Gi.")
-@click.option("--force", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--cpu", default="4", show_default=True, help="CPU request and limit per pod, e.g. 16.")
+@click.option("--memory", default="32Gi", show_default=True, help="Memory request and limit per pod, e.g. 256Gi.")
+@click.option("--image-digest", default=None, help="Pull the image by this digest (sha256:...), not by its tag.")
+@click.option("--gateway-namespace", default="istio-system", show_default=True,
+              help="Namespace of the gateway/mesh ingress that may reach ports 8000/8001 (NetworkPolicy, Istio).")
+@click.option("--monitoring-namespace", default="monitoring", show_default=True,
+              help="Namespace that may scrape the metrics port 8002 (NetworkPolicy).")
+@click.option("--force", is_flag=True, help="Replace OUT if it is an earlier deployment folder (nothing else).")
 @click.option("--json", "as_json", is_flag=True, help="Print the folder's manifest as JSON.")
 @handle_errors
 def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image, mount_path, pvc, storage,
                storage_class, replicas, max_replicas, speculative_weight, target_pending, target_queue_ms, shm_size,
-               cpu, memory, force, as_json):
+               cpu, memory, image_digest, gateway_namespace, monitoring_namespace, force, as_json):
     """Kubernetes manifests: the speculative deployment beside its baseline, weighted traffic split.
 
     \b
@@ -64,7 +69,9 @@ def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image
     opts = K8sOptions(name=name, namespace=namespace, image=image, mount_path=mount_path, pvc=pvc, storage=storage,
                       storage_class=storage_class, replicas=replicas, max_replicas=max_replicas,
                       speculative_weight=speculative_weight, target_pending_requests=target_pending,
-                      target_queue_ms=target_queue_ms, shm_size=shm_size, cpu=cpu, memory=memory)
+                      target_queue_ms=target_queue_ms, shm_size=shm_size, cpu=cpu, memory=memory,
+                      image_digest=image_digest, gateway_namespace=gateway_namespace,
+                      monitoring_namespace=monitoring_namespace)
     res = write_k8s(recipe, out_dir, opts=opts, build_dir=build_dir, target=target, draft=draft, overwrite=force)
     if as_json:
         click.echo(json.dumps(res.manifest, indent=2, default=str))

@@ -18,6 +18,7 @@ from trtspec.client.openloop import load_schedule, parse_goodput
 from trtspec.client.loadgen import BenchSettings, run_bench
 from trtspec.client.types import Sampling
 from trtspec.config import load_recipe
+from trtspec.outputs import BENCH_REPORT, VALIDATION_REPORT, check_replaceable, write_atomically
 from trtspec.prompts import load_prompts
 from trtspec.validate.report import write_bench_report
 from trtspec.validate.report import write_validation_report
@@ -155,14 +156,15 @@ def _replica_table(d: dict, equivalence: dict | None = None) -> Table:
 @click.option("--no-export", is_flag=True,
               help="Skip the GenAI-Perf / AIPerf / perf_analyzer-format exports under OUT/exports/.")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Writes OUT/report.json, OUT/report.md, PNG plots and OUT/exports/.")
+              help="Writes OUT/report.json, OUT/report.md, PNG plots and OUT/exports/ (a new or empty folder, or --force).")
+@click.option("--force", is_flag=True, help="Replace OUT if it holds an earlier bench report (nothing else).")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary (no per-request records) as JSON.")
 @handle_errors
 def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, prompt_source, num_prompts, requests,
           duration, warmup, output_len, prompt_len, temperature, top_k, top_p, seed, spec_model, baseline_model,
           no_baseline, tokenizer, no_stream, timeout, ready_timeout, request_rate, burstiness, max_concurrency,
           fixed_schedule, arrival_seed, prompt_len_stddev, output_len_stddev, ignore_eos, goodput_specs, no_export,
-          out_dir, as_json):
+          out_dir, force, as_json):
     """Load-test a deployment: baseline and speculative side by side, GenAI-Perf metrics.
 
     TTFT, time to second token, ITL, inter-chunk latency, request latency, output tokens/s (per
@@ -178,6 +180,7 @@ def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, promp
     """
     if requests is not None and duration is not None:
         raise click.UsageError("pass --requests or --duration, not both")
+    check_replaceable(out_dir, BENCH_REPORT, force)  # before the load test, not after it
     options = _client_options(endpoint, tls_ca, tls_cert, tls_key, headers)
     settings = BenchSettings(
         concurrency=concurrency, requests=None if duration else (requests or 16), duration_s=duration,
@@ -194,10 +197,14 @@ def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, promp
         result = run_bench(urls[0] if len(urls) == 1 else urls, prompts, settings, tokenizer=tokenizer,
                            prompt_source=prompt_source, progress=update, ready_timeout_s=ready_timeout,
                            client_options=options)
-    files = write_bench_report(result, out_dir)
-    n_plots = len(files) - 2
-    if not no_export:
-        files.update(write_exports(result, os.path.join(out_dir, "exports")))
+    def write_all(tmp: str) -> dict:
+        files = write_bench_report(result, tmp)
+        if not no_export:
+            files.update(write_exports(result, os.path.join(tmp, "exports")))
+        return files
+
+    files = write_atomically(out_dir, BENCH_REPORT, write_all, force=force)
+    n_plots = sum(1 for f in files.values() if str(f).endswith(".png"))
     d = result.to_dict(with_records=False)
     if as_json:
         click.echo(json.dumps(d, indent=2, default=str))
@@ -225,7 +232,8 @@ def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, promp
                    "comparing text.")
 @click.argument("config", type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="Writes OUT/report.json, OUT/report.md and PNG plots.")
+              help="Writes OUT/report.json, OUT/report.md and PNG plots (a new or empty folder, or --force).")
+@click.option("--force", is_flag=True, help="Replace OUT if it holds an earlier validation report (nothing else).")
 @click.option("--model", "spec_model", default="ensemble", show_default=True, help="Speculative model.")
 @click.option("--baseline-model", default="ensemble_baseline", show_default=True, help="Ordinary-decoding model.")
 @click.option("--tokenizer", type=click.Path(file_okay=False), default=None,
@@ -234,7 +242,7 @@ def bench(urls, endpoint, tls_ca, tls_cert, tls_key, headers, concurrency, promp
               help="Seconds to wait for the server and models to be ready.")
 @click.option("--json", "as_json", is_flag=True, help="Print the verdict and gates as JSON.")
 @handle_errors
-def validate(urls, endpoint, tls_ca, tls_cert, tls_key, headers, require_token_ids, config, out_dir, spec_model,
+def validate(urls, endpoint, tls_ca, tls_cert, tls_key, headers, require_token_ids, config, out_dir, force, spec_model,
              baseline_model, tokenizer, ready_timeout, as_json):
     """Validate a served deployment against its recipe's gates; exit 0 = deploy speculative, 1 = keep baseline.
 
@@ -244,14 +252,16 @@ def validate(urls, endpoint, tls_ca, tls_cert, tls_key, headers, require_token_i
     Exit 2: bad recipe or input; 4: server unreachable or failing; 5-7: see below.
     """
     recipe = load_recipe(config)
+    check_replaceable(out_dir, VALIDATION_REPORT, force)  # before the validation, not after it
     options = _client_options(endpoint, tls_ca, tls_cert, tls_key, headers, require_token_ids)
     prog, update = _progress()
     with prog:
         result = run_validation(urls[0] if len(urls) == 1 else urls, recipe, tokenizer=tokenizer or True,
                                 speculative_model=spec_model, client_options=options,
                                 baseline_model=baseline_model, progress=update, ready_timeout_s=ready_timeout)
-    write_validation_report(result, out_dir, max_draft_len=recipe.max_draft_len or None,
-                            min_speedup=recipe.validation.gates.min_speedup)
+    write_atomically(out_dir, VALIDATION_REPORT, lambda tmp: write_validation_report(
+        result, tmp, max_draft_len=recipe.max_draft_len or None, min_speedup=recipe.validation.gates.min_speedup),
+        force=force)
     v = result.verdict
     if as_json:
         click.echo(json.dumps({"verdict": v.to_dict(), "report": os.path.join(out_dir, "report.md")}, indent=2))

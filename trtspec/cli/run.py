@@ -24,8 +24,10 @@ from trtspec.cli.common import _debug, _interrupted, err, out
               default=None, help="Re-run this stage and everything after it, even if finished.")
 @click.option("--until", type=click.Choice(["check", "quantize", "build", "package", "serve", "validate", "report"]),
               default=None, help="Stop after this stage.")
+@click.option("--explain", is_flag=True, help="Say why each stage ran (which input changed) or was reused.")
 @click.option("--json", "as_json", is_flag=True, help="Print the stage records and verdict as JSON.")
-def run_cmd(config: str, workdir: str | None, start: str | None, until: str | None, as_json: bool) -> None:
+def run_cmd(config: str, workdir: str | None, start: str | None, until: str | None, explain: bool,
+            as_json: bool) -> None:
     """Run the whole pipeline: check → quantize → build → package → serve → validate → report.
 
     \b
@@ -40,13 +42,15 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
         if as_json:
             return
         if what == "start":
-            out.print(f"▶ {stage} …")
+            out.print(f"▶ {stage} …" + (f"  [dim]why: {escape(info['why'])}[/]" if explain and info.get("why") else ""))
             return
         detail = ""
         if what in ("done", "skipped") and "seconds" in info:
             detail = f" {info['seconds']:.1f} s"
         if what == "reused":
             detail = " (finished earlier, reused)"
+            if explain and info.get("why"):
+                detail += f"  [dim]{escape(info['why'])}[/]"
         if what == "skipped" and info.get("note"):
             detail += f" — {info['note']}"
         if stage == "serve" and what == "done":

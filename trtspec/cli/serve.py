@@ -9,6 +9,7 @@ import sys
 import click
 
 from trtspec.openai_api import relay_for_repository
+from trtspec.triton.access import TlsSettings, exposure_warning
 from trtspec.triton.launch.mpi import planned_launch, with_repository_layout
 from trtspec.triton.launch.server import StopRequested, StopSignals, server_for_repository
 from trtspec.triton.launch.watchdog import WatchdogSettings
@@ -19,7 +20,9 @@ from trtspec.cli.common import err, handle_errors, out
 
 @click.command()
 @click.argument("repo", type=click.Path(exists=True, file_okay=False))
-@click.option("--host", default=None, help="Address to bind (default: the recipe's serving.host, 127.0.0.1).")
+@click.option("--host", default=None,
+              help="Address to bind (default: $TRTSPEC_HOST, else 127.0.0.1; never the repository's trtspec.json). "
+                   "A non-loopback address exposes inference to anyone who reaches it: docs/security.md.")
 @click.option("--grpc-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
 @click.option("--http-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
 @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None, help="0 = a free port (default).")
@@ -43,10 +46,16 @@ from trtspec.cli.common import err, handle_errors, out
 @click.option("--chat-template", default=None,
               help="Jinja chat template for /v1/chat/completions when the tokenizer has none (a file), or "
                    "'plain' (role: content lines, then 'assistant:').")
+@click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
+              help="gRPC over TLS: the server certificate (PEM); needs --tls-key. HTTP stays plaintext.")
+@click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="gRPC over TLS: the server key (PEM).")
+@click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
+              help="Mutual TLS: clients must present a certificate this CA signed (PEM).")
 @handle_errors
 def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
           ready_timeout: float | None, as_json: bool, dry_run: bool, no_watchdog: bool, probe_every: float,
-          load_timeout: float, port_preset: str | None, openai_port: int | None, chat_template: str | None) -> None:
+          load_timeout: float, port_preset: str | None, openai_port: int | None, chat_template: str | None,
+          tls_cert: str | None, tls_key: str | None, tls_ca: str | None) -> None:
     """Serve a model repository with tritonserver until Ctrl-C, SIGTERM or SIGHUP.
 
     Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
@@ -60,6 +69,8 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     """
     if not dry_run:  # the python-backend models (router relay, tokenizers) run in the server's stubs
         require_extra("serve", ("numpy", "tritonclient", "tokenizers"), "trtspec serve")
+    if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
+        raise click.UsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
     watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
                                                          load_timeout_s=load_timeout)
     if port_preset is not None:  # Triton's own defaults, or 0 = free; explicit ports win
@@ -71,6 +82,7 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     server = with_repository_layout(server_for_repository(
         repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
         ready_timeout=ready_timeout, watchdog=watchdog,
+        tls=TlsSettings(tls_cert, tls_key, tls_ca) if tls_cert else None,
         on_watchdog_event=lambda ev: err.print(str(ev), markup=False)))
     if dry_run:
         plan = planned_launch(server)
@@ -99,6 +111,9 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port:
     with server, contextlib.ExitStack() as relay_stack:
         signals.serving = True  # ready: from here a signal means "drain and stop", exit 0
         e = server.endpoints
+        exposed = exposure_warning(e.host, e.grpc_port, e.http_port, e.metrics_port, tls=server.tls is not None)
+        if exposed:
+            err.print(f"warning: {exposed}", markup=False, highlight=False, style="yellow")
         relay = None
         if openai_port is not None:  # stopped (by the ExitStack) before the server
             relay = relay_stack.enter_context(relay_for_repository(

@@ -9,8 +9,11 @@ What one call writes into a fresh folder ``OUT`` (atomically, with ``OUT/trtspec
     k8s/pvc.yaml           the volume both tracks read the repositories, engines and tokenizer from
     k8s/speculative.yaml   Deployment + Service + HorizontalPodAutoscaler of the speculative track
     k8s/baseline.yaml      the same for the baseline track
-    k8s/service.yaml       the stable entry point clients use (both tracks)
-    k8s/virtualservice.yaml  Istio VirtualService: the baseline/speculative weights (gRPC and HTTP)
+    k8s/service.yaml       the stable entry point clients use (both tracks; inference ports only)
+    k8s/networkpolicy.yaml who may reach the pods: 8000/8001 from the gateway/mesh namespace and the
+                           app's own namespace, 8002 from the monitoring namespace only
+    k8s/virtualservice.yaml  Istio VirtualService: the baseline/speculative weights (gRPC and HTTP),
+                           PeerAuthentication (STRICT mTLS) and AuthorizationPolicy for the pods
     prometheus-adapter-values.yaml  the custom metrics the autoscalers read (Helm values)
     rollout.sh             ./rollout.sh PERCENT: shift traffic; ./rollout.sh 0 rolls back at once
 
@@ -21,6 +24,13 @@ same path the build used, and is probed on Triton's ``/v2/health/ready`` and ``/
 Autoscaling reads Triton's own metrics through prometheus-adapter: requests waiting in the pod's
 queues (``nv_inference_pending_request_count``) and the average queue time per request
 (``nv_inference_queue_duration_us``).
+
+Hardening (docs/security.md): pods run under the Pod Security "restricted" profile (non-root,
+no privilege escalation, every capability dropped, seccomp RuntimeDefault, read-only root with
+``/tmp`` and ``/dev/shm`` as emptyDirs), mount no service-account token, get CPU and memory
+requests and limits by default, pull the image by digest when ``--image-digest`` is given, and
+their liveness probe sends a one-token request through the entry model, so a pod whose python
+stub died (Triton keeps it READY, reference/triton-cpu.md §8) is restarted.
 
 Why Istio for the split: one VirtualService carries the weights for gRPC and HTTP alike, in-mesh
 clients need no gateway, and its schema can be checked offline (tests/test_scaleout_k8s.py). Without
@@ -46,6 +56,7 @@ from trtspec.triton.placement import Layout, layout_for
 from trtspec.config import parse_recipe, recipe_to_dict
 from trtspec.triton.render import RenderError, package
 from trtspec.trtllm.handoff import TrtllmBuild
+from trtspec.outputs import check_replaceable
 
 KIND = "k8s-deployment"
 TRACKS = ("speculative", "baseline")
@@ -57,6 +68,7 @@ QUEUE_METRIC = "trtspec_queue_time_ms"
 EXIT_TIMEOUT_S = 30  # tritonserver drains in-flight requests this long on SIGTERM
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 _QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E|m)?$")
 
 
@@ -77,8 +89,12 @@ class K8sOptions:
     target_pending_requests: int | None = None  # per pod; default: limits.max_batch_size
     target_queue_ms: float = 100.0
     shm_size: str = "16Gi"  # /dev/shm: the python backend's tensors and NCCL between ranks
-    cpu: str | None = None  # per pod requests, e.g. "8" and "64Gi" (default: none)
-    memory: str | None = None
+    cpu: str | None = "4"  # per pod requests and limits (a pod without limits can starve its node)
+    memory: str | None = "32Gi"
+    image_digest: str | None = None  # sha256:<64 hex>: the image is pulled by digest, not by a mutable tag
+    gateway_namespace: str = "istio-system"  # who may reach 8000/8001 besides the app's own namespace
+    monitoring_namespace: str = "monitoring"  # who may scrape 8002
+    run_as_user: int = 1000  # NVIDIA's Triton images have the non-root user triton-server, uid 1000
 
     def check(self) -> None:
         if self.name is not None and not _DNS_LABEL.match(self.name):
@@ -103,6 +119,25 @@ class K8sOptions:
                         ("--memory", self.memory)):
             if q is not None and not _QUANTITY.match(q):
                 raise ConfigError(flag, q, "is not a Kubernetes quantity", fix="e.g. 500Gi, 16Gi, 8")
+        if self.image_digest is not None and not _DIGEST.match(self.image_digest):
+            raise ConfigError("--image-digest", self.image_digest, "is not an image digest",
+                              fix="sha256: and 64 hex digits, as `docker inspect --format '{{.RepoDigests}}'` shows")
+        for flag, ns in (("--gateway-namespace", self.gateway_namespace),
+                         ("--monitoring-namespace", self.monitoring_namespace)):
+            if not _DNS_LABEL.match(ns):
+                raise ConfigError(flag, ns, "must be a DNS label", fix="e.g. istio-system, monitoring")
+        if self.run_as_user < 1:
+            raise ConfigError("--run-as-user", self.run_as_user, "must be a non-root uid (>= 1)")
+
+    def image_ref(self, image: str) -> str:
+        """``image`` pinned to :attr:`image_digest` when given (any tag dropped: the digest decides)."""
+        if self.image_digest is None:
+            return image
+        name = image.split("@", 1)[0]
+        last = name.rsplit("/", 1)
+        if ":" in last[-1]:
+            name = name[: name.rindex(":")]
+        return f"{name}@{self.image_digest}"
 
 
 def app_name(recipe_name: str, override: str | None = None) -> str:
@@ -171,11 +206,10 @@ def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, 
     requests = {k: v for k, v in (("cpu", opts.cpu), ("memory", opts.memory)) if v is not None}
     if requests:
         resources["requests"] = requests
-        if opts.memory is not None:
-            resources.setdefault("limits", {})["memory"] = opts.memory
+        resources.setdefault("limits", {}).update(requests)  # guaranteed: nothing beyond what it asked for
     container: dict[str, Any] = {
         "name": "tritonserver",
-        "image": image,
+        "image": opts.image_ref(image),
         # args, not command: NVIDIA's entrypoint sets the container up, then runs them
         "args": list(argv),
         "ports": _ports(service=False),
@@ -183,18 +217,27 @@ def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, 
                          "periodSeconds": period, "failureThreshold": startup_failures},
         "readinessProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
                            "periodSeconds": 5, "failureThreshold": 3},
-        "livenessProbe": {"httpGet": {"path": "/v2/health/live", "port": "http"},
-                          "periodSeconds": 10, "failureThreshold": 3},
+        # /v2/health/live stays green while a python stub is dead and every request fails: the
+        # liveness check is a one-token request through each entry model
+        "livenessProbe": {"exec": {"command": liveness_command(ENTRY_MODELS)},
+                          "periodSeconds": 30, "timeoutSeconds": 30, "failureThreshold": 3},
         "volumeMounts": [{"name": "models", "mountPath": opts.mount_path, "readOnly": True},
-                         {"name": "dshm", "mountPath": "/dev/shm"}],
+                         {"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "tmp", "mountPath": "/tmp"}],  # the python backend's python_env_* folders
+        "securityContext": {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+                            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}},
     }
     if resources:
         container["resources"] = resources
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 30,
+        "automountServiceAccountToken": False,  # tritonserver never talks to the Kubernetes API
+        "securityContext": {"runAsNonRoot": True, "runAsUser": opts.run_as_user, "runAsGroup": opts.run_as_user,
+                            "fsGroup": opts.run_as_user, "seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": [{"name": "models", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
-                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}}],
+                    {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": opts.shm_size}},
+                    {"name": "tmp", "emptyDir": {"sizeLimit": "8Gi"}}],
     }
     if gpus:
         pod["tolerations"] = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -219,8 +262,70 @@ def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, 
 
 def _service(name: str, app: str, track: str | None, opts: K8sOptions) -> dict[str, Any]:
     selector = {NAME_LABEL: app, **({TRACK_LABEL: track} if track else {})}
+    ports = _ports(service=True)
+    if track is None:  # the clients' entry point: inference only; Prometheus scrapes the pods
+        ports = [p for p in ports if p["port"] != METRICS_PORT]
     return {"apiVersion": "v1", "kind": "Service", "metadata": _meta(name, opts, _labels(app, track)),
-            "spec": {"selector": selector, "ports": _ports(service=True)}}
+            "spec": {"selector": selector, "ports": ports}}
+
+
+ENTRY_MODELS = ("ensemble", "ensemble_baseline")
+
+
+def liveness_command(models: tuple[str, ...] = ENTRY_MODELS, timeout_s: int = 25, port: int = HTTP_PORT) -> list[str]:
+    """An exec probe: a one-token request to each entry model over HTTP on localhost; exit 1 on
+    any failure (NVIDIA's Triton images have python3; no curl needed)."""
+    code = ("import json,sys,urllib.error as e,urllib.request as u\n"
+            f"for m in {list(models)!r}:\n"
+            "    r = u.Request('http://127.0.0.1:%d/v2/models/%s/generate' % (" + str(port) + ", m),\n"
+            "                  data=json.dumps({'text_input': 'a', 'max_tokens': 1, 'stream': False}).encode(),\n"
+            "                  headers={'Content-Type': 'application/json'})\n"
+            "    try:\n"
+            f"        u.urlopen(r, timeout={timeout_s}).read()\n"
+            "    except e.HTTPError as x:\n"
+            "        sys.exit('%s: %s' % (m, x.read().decode(errors='replace')[:500]))\n")
+    return ["python3", "-c", code]
+
+
+def _network_policy(app: str, opts: K8sOptions) -> dict[str, Any]:
+    """8000/8001 from the app's namespace and the gateway/mesh namespace; 8002 from monitoring."""
+    def ns(name: str) -> dict[str, Any]:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _meta(app, opts, _labels(app)),
+        "spec": {
+            "podSelector": {"matchLabels": {NAME_LABEL: app}},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {"from": [ns(opts.namespace), ns(opts.gateway_namespace)],
+                 "ports": [{"protocol": "TCP", "port": HTTP_PORT}, {"protocol": "TCP", "port": GRPC_PORT}]},
+                {"from": [ns(opts.monitoring_namespace)], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]},
+            ],
+        },
+    }
+
+
+def _mesh_auth(app: str, opts: K8sOptions) -> list[dict[str, Any]]:
+    """Istio: mTLS required for the app's pods (STRICT), and only workloads of the app's own and the
+    gateway's namespaces may call 8000/8001; the metrics port is left to the NetworkPolicy
+    (Prometheus usually scrapes outside the mesh)."""
+    selector = {"matchLabels": {NAME_LABEL: app}}
+    return [
+        {"apiVersion": "security.istio.io/v1", "kind": "PeerAuthentication",
+         "metadata": _meta(app, opts, _labels(app)),
+         "spec": {"selector": selector, "mtls": {"mode": "STRICT"},
+                  "portLevelMtls": {str(METRICS_PORT): {"mode": "PERMISSIVE"}}}},
+        {"apiVersion": "security.istio.io/v1", "kind": "AuthorizationPolicy",
+         "metadata": _meta(app, opts, _labels(app)),
+         "spec": {"selector": selector, "action": "ALLOW", "rules": [
+             {"from": [{"source": {"namespaces": [opts.namespace, opts.gateway_namespace]}}],
+              "to": [{"operation": {"ports": [str(HTTP_PORT), str(GRPC_PORT)]}}]},
+             {"to": [{"operation": {"ports": [str(METRICS_PORT)]}}]},
+         ]}},
+    ]
 
 
 def _hpa(app: str, track: str, pending: int, opts: K8sOptions) -> dict[str, Any]:
@@ -362,7 +467,8 @@ def k8s_files(recipe, layout: Layout, *, repository: str, baseline_repository: s
             _hpa(app, track, pending, opts),
         ]
     docs["k8s/service.yaml"] = [_service(app, app, None, opts)]
-    docs["k8s/virtualservice.yaml"] = [_virtual_service(app, opts.speculative_weight, opts)]
+    docs["k8s/networkpolicy.yaml"] = [_network_policy(app, opts)]
+    docs["k8s/virtualservice.yaml"] = [_virtual_service(app, opts.speculative_weight, opts), *_mesh_auth(app, opts)]
     files = {path: _dump_all(objs) for path, objs in docs.items()}
     files["prometheus-adapter-values.yaml"] = (
         "# Helm values for prometheus-community/prometheus-adapter: the custom metrics the\n"
@@ -440,6 +546,8 @@ def write_k8s(
     out = pathlib.Path(out).resolve()
     if out.exists() and not overwrite:
         raise RenderError(f"output folder {out} already exists", fix="choose a new folder, or pass --force")
+
+    check_replaceable(out, KIND, overwrite)  # --force replaces only a deployment folder trtspec wrote
     _check_on_volume({"deployment folder": str(out)}, opts.mount_path)
     app = app_name(recipe.name, opts.name)
     d = recipe_to_dict(recipe)

@@ -44,6 +44,7 @@ from trtspec.trtllm.build import plan_build
 from trtspec.trtllm.handoff import KIND, TrtllmBuild
 from trtspec.config import recipe_to_dict
 from trtspec.hub import resolve_recipe
+from trtspec.outputs import check_replaceable
 
 TEMPLATES = templates_dir()
 RUNTIME_SPEC_FILE = "runtime_spec.json"
@@ -151,6 +152,7 @@ class ServingInputs:
     decoupled: bool = True  # serving.decoupled (NVIDIA's decoupled_mode)
     end_id: int = -1  # the target's EOS, as the engine uses it; -1 = unknown (the model's own applies)
     pad_id: int = -1
+    max_prompt_bytes: int = 1_048_576  # preprocessing refuses a longer text_input before tokenizing
     runtime_spec: Any = None  # trtspec.speculative.runtime.RuntimeSpec (torch)
     trtllm: Any = None  # trtspec.trtllm.handoff.TrtllmBuild (trtllm-engine, trtllm-pytorch)
     recipe: dict = field(default_factory=dict)
@@ -219,6 +221,7 @@ def inputs_from_recipe(
         max_batch_size=recipe.limits.max_batch_size,
         max_input_len=recipe.limits.max_input_len,
         max_seq_len=recipe.limits.max_seq_len,
+        max_prompt_bytes=recipe.limits.max_prompt_bytes,
         default_max_tokens=recipe.validation.max_tokens,
         max_queue_size=recipe.serving.max_queue_size,
         instances=recipe.serving.instances,
@@ -291,6 +294,7 @@ def plan_repository(inp: ServingInputs) -> list[ModelPlan]:
             "add_special_tokens": inp.add_special_tokens,
             "max_input_len": inp.max_input_len,
             "max_seq_len": inp.max_seq_len,
+            "max_prompt_bytes": inp.max_prompt_bytes,
             "default_max_tokens": inp.default_max_tokens,
             "end_id": inp.end_id,
             "pad_id": inp.pad_id,
@@ -483,6 +487,8 @@ def render_repository(
     if out.exists() and not overwrite:
         raise RenderError(f"output folder {out} already exists",
                           fix="choose a new folder, or pass --force to replace it")
+
+    check_replaceable(out, REPOSITORY_KIND, overwrite)  # --force replaces only a repository trtspec rendered
     plans = plan_repository(inp)
     names = [p.name for p in plans]
     if len(set(names)) != len(names):

@@ -27,20 +27,21 @@ request to ``tensorrt_llm`` directly is stopped either way).
 
 from __future__ import annotations
 
-import itertools
-import os
+import secrets
 
 import numpy as np
+
+from trtspec.triton.access import secret_from_env, signed_stop_id
 
 STOP_INPUT = "stop"
 CHECK_EVERY_S = 0.25  # how often postprocessing asks Triton whether a request was cancelled
 _SEP = "/"
-_ids = itertools.count(1)
 
 
 def new_request_id(owner: str) -> str:
-    """A request id unique on this server: the owner model, its process and a counter."""
-    return f"{owner}-{os.getpid()}-{next(_ids)}"
+    """A request id unique on this server and unguessable (128 random bits): nobody can aim a
+    request at another client's (trtspec.triton.access)."""
+    return f"{owner}-{secrets.token_hex(16)}"
 
 
 def request_key(model: str, request_id: str) -> str:
@@ -66,9 +67,13 @@ def stop_inputs(pb) -> list:
 
 def send_stop(pb, model: str, request_id: str) -> None:
     """Ask ``model`` (a trtspec engine model) to stop its request ``request_id``; waits for the
-    model's answer (one empty final response). Raises on a BLS error."""
+    model's answer (one empty final response). Raises on a BLS error. The stop request's id is
+    ``request_id`` signed with the launch's secret: the engine honours no other."""
+    secret = secret_from_env()
+    if not secret:
+        raise RuntimeError("no launch secret in this stub's environment: the engine would refuse the stop")
     req = pb.InferenceRequest(model_name=model, inputs=stop_inputs(pb), requested_output_names=[],
-                              request_id=request_id)
+                              request_id=signed_stop_id(request_id, secret))
     for resp in req.exec(decoupled=True):
         if resp.has_error():
             raise RuntimeError(f"stop request to {model} failed: {resp.error().message()}")

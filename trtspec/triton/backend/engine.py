@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import pathlib
 import threading
 import time
@@ -33,6 +34,8 @@ from trtspec.triton.backend.cancel import STOP_INPUT
 from trtspec.triton.backend.requests import PERF_OUTPUTS, GenerationRequest, RequestInputError, parse_generation
 from trtspec.speculative.engine import BackgroundEngine
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
+from trtspec.triton.access import secret_from_env, verify_stop_id
+from trtspec.triton.backend.guard import check_draft_ids, check_sizes, is_fatal_device_error
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TOKENS_PER_S_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -201,6 +204,8 @@ class _Stream:
                 send_error(pb, self.sender, f"generation failed: {ev.finish_reason[len('error: '):]}",
                            invalid_argument=False)
             self.model.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])
+            if is_fatal_device_error(ev.finish_reason):
+                self.model.exit_stub(ev.finish_reason)
             return None
         if self.group.failed:
             if ev.finished:
@@ -267,6 +272,11 @@ class EngineModel:
         # request id → its streams in flight, for stop requests (ids are the client's: may repeat)
         self.by_id: dict[str, list[_Stream]] = {}
         self.by_id_lock = threading.Lock()
+        # what a request may send (trtspec.triton.backend.guard): checked before anything is converted
+        self.vocab_size = int(self.engine.target.args.vocab_size)
+        self.max_draft_len = int(spec.max_draft_len)
+        self.max_seq_len = int(self.engine.max_seq_len)
+        self.secret = secret_from_env()  # stop requests must be signed with it (trtspec.triton.access)
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
         self.pb.Logger.log_info(
@@ -288,15 +298,22 @@ class EngineModel:
         sender = request.get_response_sender()
         stop = input_array(self.pb, request, STOP_INPUT)
         if stop is not None and bool(stop.reshape(-1)[0]):
-            self._stop(request.request_id())
+            rid = verify_stop_id(request.request_id(), self.secret)
+            if rid is None:  # a client guessing ids, or a server started without trtspec's launcher
+                send_error(self.pb, sender, f"{self.name}: stop requests are trtspec's own (they need the "
+                                            "launcher's secret); cancel your own request instead")
+                return
+            self._stop(rid)
             if self.decoupled:
                 sender.send(flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             else:  # a unary request needs a response
                 sender.send(self.pb.InferenceResponse(output_tensors=[]), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
         try:
-            req = parse_generation(lambda name: input_array(self.pb, request, name),
-                                   exclude_input_default=self.exclude_input_default)
+            get = lambda name: input_array(self.pb, request, name)  # noqa: E731
+            check_sizes(get, max_input_ids=self.max_seq_len, max_draft_len=self.max_draft_len)
+            req = parse_generation(get, exclude_input_default=self.exclude_input_default)
+            check_draft_ids(req.draft_input_ids, vocab_size=self.vocab_size, max_draft_len=self.max_draft_len)
             if not self.decoupled and req.streaming:
                 raise RequestInputError("streaming=true needs a decoupled model; this one answers one response "
                                         "per request (serving.decoupled: false)", fix="send streaming=false")
@@ -356,6 +373,16 @@ class EngineModel:
         with self.by_id_lock:
             for stream in self.by_id.get(request_id, []):
                 stream.stop_requested = True
+
+    def exit_stub(self, why: str) -> None:
+        """A fatal device error: every later request would fail while the stub looks alive, so end
+        the stub (after the other requests of this step got their errors) and let the watchdog
+        reload the model."""
+        if getattr(self, "_exiting", False):
+            return
+        self._exiting = True
+        self.pb.Logger.log_error(f"{self.name}: fatal device error, exiting the stub for a reload: {why}")
+        threading.Timer(0.5, os._exit, (70,)).start()
 
     def finalize(self) -> None:
         # cancels what is still running; each request gets its final response

@@ -504,6 +504,10 @@ def _relay_mode(wanted: str, argv: list[str] | None = None) -> tuple[str, str]:
         if wanted == "grpc":
             raise ValueError("TRTSPEC_ROUTER_RELAY=grpc but the server runs with --allow-grpc=false")
         return "bls", "the server runs without gRPC"
+    if any(opts.get(k, "false").lower() in ("true", "1", "yes") for k in ("grpc-use-ssl", "grpc-use-ssl-mutual")):
+        if wanted == "grpc":
+            raise ValueError("TRTSPEC_ROUTER_RELAY=grpc but the server's gRPC uses TLS (the relay has no client certificate)")
+        return "bls", "the server's gRPC uses TLS"
     host = opts.get("grpc-address", "0.0.0.0")
     host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host in ("::", "[::]") else host)
     return "grpc", f"{host}:{opts.get('grpc-port', '8001')}"

@@ -19,6 +19,7 @@ from trtspec.triton.backend.cancel import CHECK_EVERY_S, parse_request_key, send
 from trtspec.triton.backend.detok import text_delta
 from trtspec.triton.backend.requests import RequestInputError, words_tensor
 from trtspec.triton.contract import REJECTED_TEXT
+from trtspec.triton.backend.guard import DEFAULT_MAX_PROMPT_BYTES, check_prompt_bytes
 
 
 class Tokenizer:
@@ -68,6 +69,7 @@ class Preprocessing:
         self.add_special_tokens = p.get("add_special_tokens", "false").lower() == "true"
         self.max_input_len = int(p["max_input_len"])
         self.max_seq_len = int(p["max_seq_len"])
+        self.max_prompt_bytes = int(p.get("max_prompt_bytes") or DEFAULT_MAX_PROMPT_BYTES)
         self.default_max_tokens = int(p["default_max_tokens"])
         # the engine's own EOS (generation_config), resolved at package time; -1 = none known
         self.end_id = int(p.get("end_id", "-1"))
@@ -131,6 +133,7 @@ class Preprocessing:
         q = _first(input_array(pb, r, "QUERY"), "text_input")
         if q is None:
             raise RequestInputError("text_input is missing", fix="send text_input")
+        check_prompt_bytes(q, self.max_prompt_bytes)  # before decoding and tokenizing it
         try:
             text = q.decode("utf-8") if isinstance(q, bytes) else str(q)
         except UnicodeDecodeError as e:

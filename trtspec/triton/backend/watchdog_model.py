@@ -5,13 +5,26 @@ metrics port. So the launcher copies this tiny model (``templates/trtspec_watchd
 work folder (not the user's repository), loads it and reports each event to it as an inference request: ``EVENT`` (``declare``,
 ``reload``, ``reload_failed``, ``probe_failed``), ``MODEL`` (the model concerned) and ``SECONDS``
 (time to recovery). Metric calls come only from ``execute`` (one thread), under the lock anyway.
+
+Anyone who reaches the server can send this model requests, so it counts only what the launcher
+sends: ``SECRET`` must be this launch's secret (``trtspec.triton.access``, from the environment the
+stub inherits) and every model named must be one the launcher listed in the ``models`` parameter
+(the repository's models): no forged counts, no label values an attacker chooses.
 """
 
 from __future__ import annotations
 
+import hmac
+import json
+import os
 import threading
 
 import numpy as np
+
+from trtspec.triton.access import SECRET_ENV, SECRET_INPUT
+
+NAME = "trtspec_watchdog"
+MAX_MODELS_BYTES = 4096  # the MODEL input: a comma-separated list of repository model names
 
 # event → (metric, kind, description)
 FAMILIES = {
@@ -35,6 +48,10 @@ class WatchdogModel:
                                                      kind=getattr(self.pb.MetricFamily, kind))
                          for event, (name, kind, desc) in FAMILIES.items()}
         self.metrics: dict[tuple[str, str], object] = {}
+        self.secret = (os.environ.get(SECRET_ENV) or "").encode()
+        params = json.loads(args.get("model_config") or "{}").get("parameters") or {}
+        listed = (params.get("models") or {}).get("string_value", "")
+        self.allowed = set(filter(None, listed.split(",")))
 
     def _metric(self, event: str, model: str):
         key = (event, model)
@@ -47,9 +64,19 @@ class WatchdogModel:
         out = []
         for r in requests:
             try:
+                secret = pb.get_input_tensor_by_name(r, SECRET_INPUT)
+                secret = secret.as_numpy().reshape(-1)[0] if secret is not None else b""
+                if not self.secret or not hmac.compare_digest(bytes(secret), self.secret):
+                    raise PermissionError("only trtspec's launcher may report watchdog events")
+                raw = pb.get_input_tensor_by_name(r, "MODEL").as_numpy().reshape(-1)[0]
+                if len(raw) > MAX_MODELS_BYTES:
+                    raise ValueError(f"MODEL is {len(raw)} bytes (at most {MAX_MODELS_BYTES})")
                 event = pb.get_input_tensor_by_name(r, "EVENT").as_numpy().reshape(-1)[0].decode()
-                models = pb.get_input_tensor_by_name(r, "MODEL").as_numpy().reshape(-1)[0].decode()
+                models = raw.decode()
                 seconds = float(pb.get_input_tensor_by_name(r, "SECONDS").as_numpy().reshape(-1)[0])
+                unknown = [m for m in filter(None, models.split(",")) if m not in self.allowed]
+                if unknown:
+                    raise ValueError(f"not a model of this repository: {unknown[0][:64]!r}")
                 with self.lock:
                     for model in filter(None, models.split(",")):
                         if event == "declare":  # every series exists (at 0) before the first event
@@ -64,5 +91,6 @@ class WatchdogModel:
                             raise ValueError(f"unknown event {event!r}")
                 out.append(pb.InferenceResponse([pb.Tensor("OK", np.array([True]))]))
             except Exception as e:  # noqa: BLE001 - answer this request, keep serving
-                out.append(pb.InferenceResponse(error=pb.TritonError(f"trtspec_watchdog: {type(e).__name__}: {e}")))
+                out.append(pb.InferenceResponse(error=pb.TritonError(f"{NAME}: {type(e).__name__}: {e}",
+                                                                    pb.TritonError.INVALID_ARG)))
         return out

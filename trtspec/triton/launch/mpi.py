@@ -55,6 +55,7 @@ from trtspec.triton.launch.paths import pytriton_dist
 from trtspec.triton.placement import MODES, Layout, layout_for
 from trtspec.triton.render import parse_model_config, read_repository_manifest
 from trtspec.trtllm.handoff import TrtllmBuild
+from trtspec.triton.access import restricted_args
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,7 +267,8 @@ class MpiTritonServer(TritonServer):
             self.layout, repository=str(self.repository), host=e.host, grpc_port=e.grpc_port,
             http_port=e.http_port, metrics_port=e.metrics_port, tritonserver=str(self.binary),
             mpirun=mpirun, shm_prefix=self.shm_prefix, exit_timeout=self.exit_timeout,
-            log_verbose=self.log_verbose, extra_args=tuple(extra) + self.extra_args,
+            log_verbose=self.log_verbose, extra_args=(*extra, *restricted_args(self.secret), *(self.tls.args() if self.tls else ()),
+                        *self.extra_args),
             oversubscribe=self.oversubscribe,
         )
         return list(self.plan.argv)
@@ -289,7 +291,7 @@ def with_repository_layout(server: TritonServer) -> TritonServer:
         server.repository, layout, host=server.host, grpc_port=grpc_port, http_port=http_port,
         metrics_port=metrics_port, ready_timeout=server.ready_timeout, exit_timeout=server.exit_timeout,
         binary=server.binary, workdir=server.workdir_arg, log_verbose=server.log_verbose,
-        extra_args=server.extra_args,
+        extra_args=server.extra_args, tls=server.tls,
     )
 
 
@@ -307,7 +309,7 @@ def planned_launch(server: TritonServer) -> LaunchPlan:
     else:
         layout = Layout(mode="single", world_size=1)
     grpc_port, http_port, metrics_port = server.ports
-    extra = tuple(server.extra_args)
+    extra = (*restricted_args("<per-launch secret>"), *server.extra_args)
     if layout.mode == "single" and getattr(server, "watchdog_settings", None) is not None:
         # as TritonServer.command(): the watchdog's model repository lives in the work folder
         extra = ("--model-control-mode=explicit", "--load-model=*",

@@ -13,20 +13,23 @@ is reported by name with the reason from the server log; :meth:`stop` sends SIGT
 in-flight requests drain), then kills the whole group and removes what the python backend leaves
 behind when a server does not exit cleanly: its shared-memory files
 (``/dev/shm/<shm-region-prefix-name>*``) and its ``/tmp/python_env_*`` folder (a path the backend
-hard-codes). Each running server is recorded in ``$TMPDIR/trtspec-triton-servers/``; a later start
-cleans up after servers whose launcher was killed before it could (``sweep_leftovers``).
+hard-codes). Each running server is recorded in this user's private state folder
+(``trtspec.triton.launch.state``: ``$XDG_RUNTIME_DIR/trtspec`` or ``$TMPDIR/trtspec-<uid>``); a later start
+cleans up after servers whose launcher was killed before it could (``sweep_leftovers``), deleting
+only names trtspec creates, of this user.
 
 With ``watchdog=WatchdogSettings()`` the server runs under explicit model control (every model
 loaded at start) and a :class:`~trtspec.triton.launch.watchdog.Watchdog` reloads models whose python stub
 died (docs/reliability.md).
+
+Every launch closes Triton's model-repository, shared-memory, trace and logging APIs behind a
+secret made for it (``trtspec.triton.access``; docs/security.md): :attr:`TritonServer.secret`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import glob
-import json
 import os
 import pathlib
 import re
@@ -48,7 +51,9 @@ from trtspec.resources import templates_dir
 from trtspec.triton.launch.paths import pytriton_dist
 from trtspec.triton.launch.watchdog import WATCHDOG_MODEL, WatchdogSettings
 from trtspec.triton.render import read_repository_manifest
-from trtspec.triton.launch.watchdog import Watchdog
+from trtspec.triton.launch.watchdog import Watchdog, watchdog_config
+from trtspec.triton.access import SECRET_ENV, new_secret, resolve_host, restricted_args
+from trtspec.triton.launch.state import owned_python_env, read_records, start_lock, state_dir, write_record
 
 SHM_DIR = pathlib.Path("/dev/shm")
 # the python backend's EnvironmentManager makes one mkdtemp("/tmp/python_env_XXXXXX") per server
@@ -220,6 +225,7 @@ class TritonServer:
         watchdog=None,
         entry_points: tuple[str, ...] = (),
         on_watchdog_event=None,
+        tls=None,
     ):
         self.repository = pathlib.Path(repository).resolve()
         if not self.repository.is_dir():
@@ -247,6 +253,11 @@ class TritonServer:
         self.watchdog = None  # the running Watchdog
         self.python_env_dirs: list[pathlib.Path] = []
         self._record: pathlib.Path | None = None
+        # closes the repository/shared-memory/trace/logging APIs; the watchdog and the stubs get it
+        self.secret = new_secret()
+        self.tls = tls  # trtspec.triton.access.TlsSettings | None: gRPC over TLS
+        if tls is not None:
+            tls.check()
 
     # ---------------------------------------------------------------- command
 
@@ -262,6 +273,8 @@ class TritonServer:
             f"--exit-timeout-secs={self.exit_timeout}",
             "--disable-auto-complete-config",
             f"--log-verbose={self.log_verbose}",
+            *restricted_args(self.secret),
+            *(self.tls.args() if self.tls is not None else []),
         ]
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
@@ -278,6 +291,8 @@ class TritonServer:
         d = self.workdir / "watchdog_repository" / WATCHDOG_MODEL
         shutil.rmtree(d, ignore_errors=True)  # the launcher's own work folder: a copy from an earlier start
         shutil.copytree(templates_dir() / WATCHDOG_MODEL, d)
+        models = [p.parent.name for p in self.repository.glob("*/config.pbtxt")] + [WATCHDOG_MODEL]
+        (d / "config.pbtxt").write_text(watchdog_config((d / "config.pbtxt").read_text(), models))
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -304,6 +319,7 @@ class TritonServer:
         self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(self.host),
                                    m or free_port(self.host))
         self.log_path = self.workdir / "tritonserver.log"
+        rotate_log(self.log_path)  # the last runs' logs stay (a restart must not erase why it stopped)
         self._log = open(self.log_path, "wb")
         self.cmd = self.command(backends)
         with _start_lock():
@@ -311,7 +327,9 @@ class TritonServer:
             try:
                 # own session/process group: the python stubs are killed with the server
                 self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                             env=server_env(), start_new_session=True, cwd=self.workdir)
+                                             env={**server_env(), SECRET_ENV: self.secret},
+                                             start_new_session=True, cwd=self.workdir,
+                                             umask=0o077)  # what the server writes is for this user only
             except OSError as e:
                 self._log.close()
                 raise ServerError(f"cannot start {binary}: {e}") from None
@@ -322,10 +340,12 @@ class TritonServer:
                 raise
         try:
             self._wait_ready()
+            tighten_shared_memory(self.shm_prefix)
             if self.watchdog_settings is not None:
 
                 self.watchdog = Watchdog(self.endpoints.http, self.proc.pid, self.watchdog_settings,
-                                         entry_points=self.entry_points, on_event=self.on_watchdog_event).start()
+                                         entry_points=self.entry_points, on_event=self.on_watchdog_event,
+                                         secret=self.secret).start()
         except BaseException:
             self.stop()
             raise
@@ -347,13 +367,10 @@ class TritonServer:
         self._write_record()
 
     def _write_record(self) -> None:
-        d = _records_dir()
-        d.mkdir(parents=True, exist_ok=True)
-        self._record = d / f"{self.proc.pid}.json"
-        self._record.write_text(json.dumps({
+        self._record = write_record(state_dir(), self.proc.pid, {
             "server_pid": self.proc.pid, "argv0": self.cmd[0], "launcher_pid": os.getpid(),
             "shm_prefix": self.shm_prefix,
-            "python_env_dirs": [str(p) for p in self.python_env_dirs], "workdir": str(self.workdir)}))
+            "python_env_dirs": [str(p) for p in self.python_env_dirs], "workdir": str(self.workdir)})
 
     def __enter__(self) -> "TritonServer":
         return self.start()
@@ -458,6 +475,7 @@ class TritonServer:
                 rc = self.proc.poll()
                 if rc is not None:
                     raise self._failure(f"tritonserver exited by itself (code {rc})")
+                tighten_shared_memory(self.shm_prefix)  # regions of reloaded stubs, grown regions
                 if self.watchdog is not None and self.watchdog.error is not None:
                     raise self.watchdog.error
 
@@ -514,7 +532,9 @@ def server_for_repository(
     **kwargs,
 ) -> TritonServer:
     """A :class:`TritonServer` for a repository; unset options come from the recipe in the
-    repository's ``trtspec.json`` (``serving``), then from the defaults (127.0.0.1, free ports).
+    repository's ``trtspec.json`` (``serving``), then from the defaults (free ports). The bind
+    address never does: ``host``, else ``$TRTSPEC_HOST``, else 127.0.0.1 (a copied repository must
+    not open the server to the network unasked; ``trtspec.triton.access``).
     The watchdog is on unless ``watchdog=None``; by default it watches the stubs only and sends no
     probe requests, which would mix into a validation's measurements (``trtspec run``);
     ``trtspec serve`` turns probes on."""
@@ -533,7 +553,7 @@ def server_for_repository(
 
     return TritonServer(
         repository,
-        host=pick(host, "host", "127.0.0.1"),
+        host=resolve_host(host)[0],
         grpc_port=pick(grpc_port, "grpc_port", 0),
         http_port=pick(http_port, "http_port", 0),
         metrics_port=pick(metrics_port, "metrics_port", 0),
@@ -548,34 +568,52 @@ def server_for_repository(
 
 
 def glob_python_envs() -> list[pathlib.Path]:
-    return [pathlib.Path(p) for p in sorted(glob.glob(PYTHON_ENV_GLOB))]
+    """This user's python backend temp folders (another user's server may start meanwhile)."""
+    return [pathlib.Path(p) for p in sorted(glob.glob(PYTHON_ENV_GLOB)) if owned_python_env(p)]
 
 
-def _records_dir() -> pathlib.Path:
-    return pathlib.Path(tempfile.gettempdir()) / "trtspec-triton-servers"
-
-
-@contextlib.contextmanager
 def _start_lock():
     """Serializes the moment between starting a server and seeing its python_env folder."""
-    d = _records_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    with open(d / ".start.lock", "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    return start_lock(state_dir())
+
+
+def tighten_shared_memory(shm_prefix: str) -> list[pathlib.Path]:
+    """Make this server's shared-memory regions 0600; returns those that were wider.
+
+    The python backend's regions hold every request's and response's tensors (prompts, outputs)
+    and Boost.Interprocess creates them 0644 with an explicit fchmod (a umask does not help), so
+    any local user could read them. The launcher narrows them after start and, in
+    :meth:`TritonServer.serve_forever`, every half second (a reloaded stub or a grown pool makes new
+    ones: those are readable for up to that long; docs/security.md)."""
+    changed = []
+    uid = os.getuid()
+    for f in SHM_DIR.glob(shm_prefix + "*") if shm_prefix else []:
         try:
-            yield
+            fd = os.open(f, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            st = os.fstat(fd)
+            if st.st_uid == uid and st.st_mode & 0o077:
+                os.fchmod(fd, 0o600)
+                changed.append(f)
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            os.close(fd)
+    return changed
 
 
 def _clean(shm_prefix: str, python_env_dirs) -> None:
+    """Remove this user's shared-memory files of ``shm_prefix`` and python_env folders."""
+    uid = os.getuid()
     for f in SHM_DIR.glob(shm_prefix + "*") if shm_prefix else []:
         try:
-            f.unlink()
+            if os.lstat(f).st_uid == uid:
+                f.unlink()
         except OSError:
             pass
     for d in python_env_dirs:
-        shutil.rmtree(d, ignore_errors=True)
+        if owned_python_env(d, uid):
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _group_running(pgid: int) -> list[int]:
@@ -615,19 +653,23 @@ def sweep_leftovers() -> list[int]:
     (it was killed): their shared-memory files and python_env folder. Returns their pids.
     A server still running is left alone, even if its launcher is gone."""
     swept = []
-    d = _records_dir()
-    for rec in d.glob("*.json") if d.is_dir() else []:
-        try:
-            info = json.loads(rec.read_text())
-            pid = int(info["server_pid"])
-        except (OSError, ValueError, KeyError):
+    for rec in read_records(state_dir()):  # a bad record is skipped with a warning
+        if _runs(rec.server_pid, rec.argv0):
             continue
-        if _runs(pid, info.get("argv0", "")):
-            continue
-        _clean(info.get("shm_prefix", ""), [pathlib.Path(p) for p in info.get("python_env_dirs", [])])
-        rec.unlink(missing_ok=True)
-        swept.append(pid)
+        _clean(rec.shm_prefix, rec.python_env_dirs)
+        rec.path.unlink(missing_ok=True)
+        swept.append(rec.server_pid)
     return swept
+
+
+def rotate_log(path: pathlib.Path, keep: int = 3) -> None:
+    """``path`` → ``path.1`` → ... → ``path.<keep>`` (the oldest dropped)."""
+    for i in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{i}")
+        if older.exists():
+            os.replace(older, path.with_name(f"{path.name}.{i + 1}"))
+    if path.exists():
+        os.replace(path, path.with_name(f"{path.name}.1"))
 
 
 def _shorten(s: str, n: int = 600) -> str:

@@ -34,6 +34,9 @@ Triton's /metrics by the ``trtspec_watchdog`` model the launcher loads from its 
 (``backend_watchdog``): ``trtspec_watchdog_reloads_total{model}``,
 ``trtspec_watchdog_reload_failures_total{model}``, ``trtspec_watchdog_probe_failures_total{model}``,
 ``trtspec_watchdog_last_recovery_seconds{model}``.
+
+The repository API is closed behind the launch's secret (``trtspec.triton.access``): the watchdog
+sends it as a header on its repository calls and as the ``SECRET`` input of its reports.
 """
 
 from __future__ import annotations
@@ -51,10 +54,18 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from trtspec.errors import ConfigError, ServerError
+from trtspec.triton.access import SECRET_INPUT, http_headers
 from trtspec.triton.procs import alive, instance_model, is_instance_of, stubs_of
 
 # the model that counts watchdog events on /metrics (templates/trtspec_watchdog; the launcher loads it)
 WATCHDOG_MODEL = "trtspec_watchdog"
+
+
+def watchdog_config(template: str, models: list[str] | tuple[str, ...] = ()) -> str:
+    """The watchdog model's config.pbtxt with the names it may count (its label values)."""
+    listed = ",".join(sorted(set(models)))
+    return template.replace("instance_group", f'parameters {{ key: "models" value: {{ string_value: "{listed}" }} }}\n'
+                                              "instance_group", 1)
 
 log = logging.getLogger("trtspec.watchdog")
 
@@ -104,8 +115,10 @@ class Watchdog:
     it gave up (the server can no longer be trusted)."""
 
     def __init__(self, http: str, server_pid: int, settings: WatchdogSettings | None = None, *,
-                 entry_points: tuple[str, ...] = (), on_event: Callable[[WatchdogEvent], None] | None = None):
+                 entry_points: tuple[str, ...] = (), on_event: Callable[[WatchdogEvent], None] | None = None,
+                 secret: str | None = None):
         self.http = http.rstrip("/")
+        self.secret = secret  # the launch's secret: the repository API and the counters need it
         self.server_pid = server_pid
         self.settings = settings or WatchdogSettings()
         self.entry_points = tuple(entry_points)
@@ -301,7 +314,7 @@ class Watchdog:
     def _json(self, method: str, path: str, body: dict | None = None, *, timeout: float):
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(self.http + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+                                     headers={"Content-Type": "application/json", **http_headers(self.secret)})
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 text = r.read().decode()
@@ -321,6 +334,7 @@ class Watchdog:
             {"name": "EVENT", "shape": [1], "datatype": "BYTES", "data": [event]},
             {"name": "MODEL", "shape": [1], "datatype": "BYTES", "data": [models]},
             {"name": "SECONDS", "shape": [1], "datatype": "FP32", "data": [float(seconds)]},
+            {"name": SECRET_INPUT, "shape": [1], "datatype": "BYTES", "data": [self.secret or ""]},
         ]}
         try:
             self._json("POST", f"/v2/models/{WATCHDOG_MODEL}/infer", body, timeout=10)

@@ -1,0 +1,76 @@
+"""gRPC over TLS on the server side (trtspec.triton.access.TlsSettings): a real tritonserver with
+certificates made here by openssl; plaintext clients are refused, TLS clients with the CA are
+served, mutual TLS needs a client certificate; the router falls back to BLS under TLS."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import tritonclient.grpc as grpcclient
+
+from trtspec.errors import ConfigError
+from trtspec.triton.access import TlsSettings
+from trtspec.triton.backend.router import _relay_mode
+from trtspec.triton.launch.server import TritonServer
+
+from tests.serving.test_triton_launcher import model
+
+pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
+
+
+def _openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pki")
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+             "-subj", "/CN=trtspec-test-ca", cwd=d)
+    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    for name in ("server", "client"):
+        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                 "-subj", f"/CN={'localhost' if name == 'server' else 'client'}", cwd=d)
+        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                 "-out", f"{name}.pem", "-days", "1", "-extfile", "san.ext", cwd=d)
+    return d
+
+
+def _ready(url, **ssl) -> bool:
+    c = grpcclient.InferenceServerClient(url, **ssl)
+    try:
+        return c.is_server_ready(client_timeout=5)
+    except Exception:  # noqa: BLE001 - a refused handshake
+        return False
+    finally:
+        c.close()
+
+
+def test_grpc_over_tls_refuses_plaintext(pki, tmp_path):
+    model(tmp_path / "repo", "echo")
+    tls = TlsSettings(str(pki / "server.pem"), str(pki / "server.key"))
+    with TritonServer(tmp_path / "repo", workdir=tmp_path / "w", tls=tls) as s:
+        assert "--grpc-use-ssl=true" in s.cmd
+        url = f"localhost:{s.endpoints.grpc_port}"
+        assert not _ready(url)
+        assert _ready(url, ssl=True, root_certificates=str(pki / "ca.pem"))
+
+
+def test_mutual_tls_needs_a_client_certificate(pki, tmp_path):
+    model(tmp_path / "repo", "echo")
+    tls = TlsSettings(str(pki / "server.pem"), str(pki / "server.key"), ca=str(pki / "ca.pem"))
+    with TritonServer(tmp_path / "repo", workdir=tmp_path / "w", tls=tls) as s:
+        url = f"localhost:{s.endpoints.grpc_port}"
+        assert not _ready(url, ssl=True, root_certificates=str(pki / "ca.pem"))
+        assert _ready(url, ssl=True, root_certificates=str(pki / "ca.pem"), private_key=str(pki / "client.key"),
+                      certificate_chain=str(pki / "client.pem"))
+
+
+def test_tls_files_are_checked_and_the_router_relays_over_bls_under_tls(tmp_path):
+    with pytest.raises(ConfigError, match="--tls-cert"):
+        TlsSettings(str(tmp_path / "missing.pem"), str(tmp_path / "k")).check()
+    argv = ["tritonserver", "--grpc-port=9", "--grpc-use-ssl=true"]
+    assert _relay_mode("auto", argv) == ("bls", "the server's gRPC uses TLS")
+    assert _relay_mode("auto", ["tritonserver", "--grpc-port=9"])[0] in ("grpc", "bls")
