@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
-from triton_stream import generate
+from tests.serving.triton_stream import generate
 
 from trtspec.config import parse_recipe
 from trtspec.triton.access import GRPC_HEADER
@@ -168,7 +168,7 @@ def test_a_50_mb_prompt_is_refused_before_tokenizing_within_a_second(url, server
     """Timed from the send to the refusal (the 50 MB tensor is built and the stream opened before).
     Most of that time is moving 50 MB through gRPC into the stub's shared memory, which a loaded
     2-core machine slows: the best of three sends is held to the bound."""
-    from triton_stream import inputs
+    from tests.serving.triton_stream import inputs
 
     huge = inputs(text_input="a " * (25 * 1024 * 1024), max_tokens=4, stream=True)
     took = []

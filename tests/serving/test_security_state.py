@@ -22,7 +22,7 @@ import tempfile
 import pytest
 
 from trtspec.errors import ServerError
-from trtspec.triton import server as server_mod
+from trtspec.triton.launch import server as server_mod
 from trtspec.triton.launch.server import SHM_DIR, TritonServer, sweep_leftovers
 from trtspec.triton.launch.state import read_records, start_lock, state_dir, write_record
 
