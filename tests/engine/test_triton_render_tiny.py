@@ -55,10 +55,10 @@ def test_ensemble_client_contract(tmp_path, tiny_models):
     for name in ("ensemble", "ensemble_baseline"):
         cfg = parse(tmp_path / "repo" / name / "config.pbtxt")
         assert cfg.platform == "ensemble" and cfg.max_batch_size >= 1
-        # the part trtspec's client relies on; NVIDIA's whole contract: tests/test_contract.py
+        # the part trtspec's client relies on; NVIDIA's whole contract: tests/unit/test_contract.py
         assert _io(cfg, "input").items() >= {
             # required, checked by preprocessing: optional here because the 2.51 ensemble answers a
-            # request missing a required input with an empty success (tests/test_faults.py)
+            # request missing a required input with an empty success (tests/serving/test_faults.py)
             "text_input": (T.TYPE_STRING, [1], True),
             "max_tokens": (T.TYPE_INT32, [1], True),
             "stream": (T.TYPE_BOOL, [1], True),

@@ -180,7 +180,7 @@ def test_metrics_move(server, url, prompts):
     ("max_tokens too many", {"max_tokens": 100_000}, "exceeds max_seq_len 512"),
     ("temperature < 0", {"temperature": -1.0}, "temperature must be in"),
     ("top_p > 1", {"top_p": 1.5}, "top_p must be in"),
-    ("top_p < 0", {"top_p": -0.5}, "top_p must be in"),  # 0 is TRT-LLM's "off" (tests/test_contract.py)
+    ("top_p < 0", {"top_p": -0.5}, "top_p must be in"),  # 0 is TRT-LLM's "off" (tests/unit/test_contract.py)
     ("top_k < 0", {"top_k": -2}, "top_k must be >= 0"),
     ("unknown sampling input", {"min_p": (0.1, "FP32")}, "unexpected inference input 'min_p'"),
 ])

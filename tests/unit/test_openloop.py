@@ -1,5 +1,5 @@
 """Open-loop arrivals, fixed schedules, synthetic lengths, goodput and the field-format exports,
-on synthetic timelines (no server; the served runs are in tests/test_openloop_serving.py)."""
+on synthetic timelines (no server; the served runs are in tests/serving/test_openloop_serving.py)."""
 
 from __future__ import annotations
 

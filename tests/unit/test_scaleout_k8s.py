@@ -5,7 +5,7 @@ manifests fail; cross-object wiring (selectors, ports, autoscaler targets, route
 requests equal the launch plan's world; rollout.sh patches the weights; the deployment folder.
 
 Regenerate the goldens after an intended change with
-``TRTSPEC_UPDATE_GOLDEN=1 pytest tests/test_scaleout_k8s.py`` and review the diff.
+``TRTSPEC_UPDATE_GOLDEN=1 pytest tests/unit/test_scaleout_k8s.py`` and review the diff.
 """
 
 from __future__ import annotations
@@ -203,7 +203,7 @@ def test_objects_are_wired_to_each_other(case):
         names = {p["name"] for p in c["ports"]}
         assert c["readinessProbe"]["httpGet"]["port"] == "http"
         assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
-        assert c["livenessProbe"]["exec"]["command"][:2] == ["python3", "-c"]  # a request (tests/test_security_k8s.py)
+        assert c["livenessProbe"]["exec"]["command"][:2] == ["python3", "-c"]  # a request (tests/unit/test_security_k8s.py)
         claims = {v["persistentVolumeClaim"]["claimName"] for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v}
         assert claims == {opts.get("pvc") or f"{app_name(recipe.name, opts.get('name'))}-models"}
         assert ("PersistentVolumeClaim", next(iter(claims))) in by or opts.get("pvc")

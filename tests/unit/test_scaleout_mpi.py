@@ -4,7 +4,7 @@ the rendered repository agrees with the plan; the runner, against a fake mpirun 
 installed) the real OpenMPI mpirun with the CPU tritonserver.
 
 Regenerate the goldens after an intended change with
-``TRTSPEC_UPDATE_GOLDEN=1 pytest tests/test_scaleout_mpi.py`` and review the diff.
+``TRTSPEC_UPDATE_GOLDEN=1 pytest tests/unit/test_scaleout_mpi.py`` and review the diff.
 """
 
 from __future__ import annotations

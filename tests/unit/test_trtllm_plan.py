@@ -1,7 +1,7 @@
 """TRT-LLM build plans: golden argv lists and YAML for every shipped TRT-LLM recipe, and every flag
 and key checked against the names TRT-LLM 1.2.x accepts (trtspec.trtllm.accepted_names).
 
-Regenerate the goldens after an intended change with ``TRTSPEC_UPDATE_GOLDEN=1 pytest tests/test_trtllm_plan.py``
+Regenerate the goldens after an intended change with ``TRTSPEC_UPDATE_GOLDEN=1 pytest tests/unit/test_trtllm_plan.py``
 and review the diff.
 """
 

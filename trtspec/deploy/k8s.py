@@ -33,7 +33,7 @@ their liveness probe sends a one-token request through the entry model, so a pod
 stub died (Triton keeps it READY, reference/triton-cpu.md §8) is restarted.
 
 Why Istio for the split: one VirtualService carries the weights for gRPC and HTTP alike, in-mesh
-clients need no gateway, and its schema can be checked offline (tests/test_scaleout_k8s.py). Without
+clients need no gateway, and its schema can be checked offline (tests/unit/test_scaleout_k8s.py). Without
 Istio the entry Service still works and spreads requests over both tracks by pod count.
 """
 

@@ -12,7 +12,7 @@ quantizers on it by name. Two things ModelOpt cannot know about our model are re
   quantize-on-read of the whole cache);
 * NVFP4 on CPU: the custom fake-quant backend of :mod:`trtspec.quantize.nvfp4_cpu`.
 
-``tests/test_quantize.py`` checks the restored model's logits against ModelOpt's HF model.
+``tests/engine/test_quantize.py`` checks the restored model's logits against ModelOpt's HF model.
 """
 
 from __future__ import annotations

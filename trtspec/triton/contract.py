@@ -4,7 +4,7 @@ The contract is NVIDIA's ``all_models/inflight_batcher_llm`` templates (tensorrt
 c2e65b8, the last commit before they moved into TensorRT-LLM's ``triton_backend/``), kept as data
 in ``trtspec/data/nvidia_inflight_batcher_llm.json`` (``scripts/nvidia_contract.py`` extracts it).
 Every rendered model declares NVIDIA's tensors with NVIDIA's names, data types and dims
-(``tests/test_contract.py``); this module says, per tensor, whether it is implemented, accepted
+(``tests/unit/test_contract.py``); this module says, per tensor, whether it is implemented, accepted
 without effect (beam-search knobs at beam width 1, as in TRT-LLM) or rejected, and why. The
 request parsers use :data:`REJECTED` and :data:`DEFAULT_ONLY` to answer INVALID_ARG naming the
 input; the README's contract table is :func:`markdown_table`.
