@@ -33,7 +33,7 @@ from trtspec.triton.render import package
 from trtspec.triton.launch.server import server_for_repository
 from trtspec.validate.report import write_validation_report
 from trtspec.validate.run import run_validation
-from trtspec.report import write_run_report
+from trtspec.run_report import write_run_report
 from trtspec.trtllm.build import build
 from trtspec.hub import resolve_recipe
 from trtspec.client.prom import scrape

@@ -21,7 +21,8 @@ from trtspec.triton.launch.server import TritonServer, free_port
 
 KEY, SECRET = "trtspec-key", "s3cret"
 HEADER = f"triton-grpc-protocol-{KEY}"  # what Triton expects for --grpc-restricted-protocol=...:KEY=VALUE
-PROTOCOLS = "health,metadata,inference,shared-memory,model-config,model-repository,statistics,trace,logging"
+# the protocols the launcher does not already restrict to its own secret (triton/access.py)
+PROTOCOLS = "health,metadata,inference,model-config,statistics"
 
 CONFIG = """
 name: "echo"

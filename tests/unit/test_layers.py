@@ -31,7 +31,7 @@ TORCH_FREE = (
     "trtspec.triton.backend.requests", "trtspec.triton.backend.common", "trtspec.triton.backend.cancel",
     "trtspec.triton.backend.detok", "trtspec.triton.backend.watchdog_model", "trtspec.triton.backend.bls",
     "trtspec.triton.backend.llmapi", "trtspec.triton.backend.tokenizer",
-    "trtspec.client", "trtspec.validate", "trtspec.deploy", "trtspec.speculative.stats",
+    "trtspec.client", "trtspec.validate", "trtspec.deploy", "trtspec.speculative.stats", "trtspec.run_report",
     "trtspec.speculative.loaders", "trtspec.cli.app", "trtspec.cli.common", "trtspec.cli.inspect",
     "trtspec.cli.build", "trtspec.cli.serve", "trtspec.cli.measure", "trtspec.cli.deploy",
 )

@@ -184,13 +184,14 @@ def parse_generation(get: Get, *, check_sampling: bool = True, exclude_input_def
     floats = {n: _one(get, n) for n in ("repetition_penalty", "presence_penalty", "frequency_penalty")}
     for name, v in (("temperature", temperature), ("top_p", top_p), *floats.items()):
         if v is not None and not math.isfinite(v):
-            raise RequestInputError(f"{name} must be a finite number, got {v}")
+            raise RequestInputError(f"invalid sampling parameters: {name} must be a finite number, got {v}")
+    # worded as the engine's SamplingError, which clients read from stream errors (no status there)
     if temperature is not None and not 0 <= temperature <= 100:
-        raise RequestInputError(f"temperature must be in [0, 100], got {temperature}", fix="0 = greedy")
+        raise RequestInputError(f"invalid sampling parameters: temperature must be in [0, 100], got {temperature}", fix="0 = greedy")
     if top_p is not None and not 0 <= top_p <= 1:
-        raise RequestInputError(f"top_p must be in [0, 1] (0 = off), got {top_p}", fix="send runtime_top_p / top_p in [0, 1]")
+        raise RequestInputError(f"invalid sampling parameters: top_p must be in [0, 1] (0 = off), got {top_p}", fix="send runtime_top_p / top_p in [0, 1]")
     if top_k is not None and top_k < 0:
-        raise RequestInputError(f"top_k must be >= 0 (0 = off), got {top_k}", fix="send runtime_top_k / top_k >= 0")
+        raise RequestInputError(f"invalid sampling parameters: top_k must be >= 0 (0 = off), got {top_k}", fix="send runtime_top_k / top_k >= 0")
     # TRT-LLM's rule: sampling needs top_k > 1 or top_p > 0 (top_k 1, or neither set, is greedy at
     # any temperature; an absent temperature is 1); temperature 0 is greedy too
     greedy = temperature == 0 or top_k == 1 or ((top_k or 0) == 0 and (top_p or 0) == 0)
