@@ -365,8 +365,14 @@ async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str,
 async def _run_replicas(clients: list[AsyncLLMClient], settings: BenchSettings, role: str, concurrency: int,
                         plan: list[tuple[int, PromptItem, int]], on_done, settle: int, block: int) -> list[Window]:
     """The same block on every replica at once."""
-    outs = await asyncio.gather(*[_run_block(c, settings, role, concurrency, plan, on_done, settle, block)
-                                  for c in clients], return_exceptions=True)
+    return await gather_windows(_run_block(c, settings, role, concurrency, plan, on_done, settle, block)
+                                for c in clients)
+
+
+async def gather_windows(blocks) -> list[Window]:
+    """Run one block per replica at once: their windows, or BenchInterrupted with every window
+    measured (on the replicas that finished too) when a server went away."""
+    outs = await asyncio.gather(*blocks, return_exceptions=True)
     windows, errors = [], []
     for o in outs:
         if isinstance(o, BenchInterrupted):

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from trtspec.errors import ConfigError
-from trtspec.client.loadgen import BenchInterrupted, send_one
+from trtspec.client.loadgen import BenchInterrupted, gather_windows, send_one
 from trtspec.client.metrics import Window
 from trtspec.client.loadgen import LevelResult, PromptItem, check_level
 
@@ -235,21 +235,8 @@ async def _run_open_block(client: "AsyncLLMClient", settings: "BenchSettings", r
 
 
 async def _on_replicas(clients, settings, role, cap, plan, offsets, on_done, block) -> list:
-
-    outs = await asyncio.gather(*[_run_open_block(c, settings, role, cap, plan, offsets, on_done, block)
-                                  for c in clients], return_exceptions=True)
-    windows, errors = [], []
-    for o in outs:
-        if isinstance(o, BenchInterrupted):
-            windows += o.windows
-            errors.append(o.error)
-        elif isinstance(o, BaseException):
-            raise o
-        else:
-            windows.append(o)
-    if errors:
-        raise BenchInterrupted(windows, errors[0])
-    return windows
+    return await gather_windows(_run_open_block(c, settings, role, cap, plan, offsets, on_done, block)
+                                for c in clients)
 
 
 async def run_open_levels(clients, settings: "BenchSettings", prompts: "list[PromptItem]",
