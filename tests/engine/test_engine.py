@@ -16,6 +16,7 @@ from trtspec.speculative.model import ModelArgs, load_causal_lm
 from trtspec.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.speculative.stats import Aggregate
+from tests.engine.sampled_law import assert_three_token_law
 
 
 @pytest.fixture(scope="module")
@@ -124,8 +125,6 @@ def test_sampling_is_seeded_and_reproducible(pair, prompts):
 def test_sampled_speculation_matches_target_distribution(pair, tokenizer):
     """End to end on the tiny target: the joint law of the first 3 sampled tokens with the draft
     (tokens 2-3 come from one speculative step) equals the exact target law (top-k=3)."""
-    from scipy.stats import chi2
-
     target, draft = pair
     params_kw = dict(max_new_tokens=3, temperature=1.0, top_k=3)
     prompt = tokenizer("    def __init__(self", add_special_tokens=False)["input_ids"]
@@ -138,25 +137,7 @@ def test_sampled_speculation_matches_target_distribution(pair, tokenizer):
         with torch.inference_mode():
             return logits_to_probs(target(torch.tensor([seq]), None)[0, -1], sp)
 
-    exact = {}
-    p1 = probs(prompt)
-    for x1 in p1.nonzero().flatten().tolist():
-        p2 = probs(prompt + [x1])
-        for x2 in p2.nonzero().flatten().tolist():
-            p3 = probs(prompt + [x1, x2])
-            for x3 in p3.nonzero().flatten().tolist():
-                exact[(x1, x2, x3)] = float(p1[x1] * p2[x2] * p3[x3])
-    n = 1200
-    eng = Engine(target, DraftModelProposer(draft, 16, 64), max_draft_len=2, max_batch_size=16, max_seq_len=48)
-    outs = eng.generate([prompt] * n, [SamplingParams(**params_kw, seed=i) for i in range(n)])
-    counts: dict = {}
-    for o in outs:
-        counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
-    assert set(counts) <= set(exact)
-    stat = sum((counts.get(c, 0) - n * p) ** 2 / (n * p) for c, p in exact.items() if n * p >= 1)
-    dof = sum(1 for p in exact.values() if n * p >= 1) - 1
-    assert chi2.sf(stat, dof) > 1e-3
-    assert sum(o.stats.accepted for o in outs) > 0  # the speculative path was exercised
+    assert_three_token_law(target, draft, prompt, probs, params_kw)
 
 
 def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair, prompts):

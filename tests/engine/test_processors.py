@@ -18,6 +18,7 @@ from trtspec.speculative.model import CausalLM, ModelArgs
 from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
 from trtspec.speculative.proposers import DraftModelProposer, NgramProposer
 from trtspec.speculative.sampling import SamplingError, SamplingParams, logits_to_probs
+from tests.engine.sampled_law import assert_three_token_law
 
 EOS = 18  # a token the random target emits early for some prompts
 VOCAB = 48
@@ -156,8 +157,6 @@ def test_log_probs_are_the_targets_at_each_position(target):
 def test_sampled_speculation_follows_the_processed_target_distribution(target, draft):
     """Joint law of the first 3 sampled tokens (2-3 from one speculative step) against the exact
     law of the target with penalties and a bad word applied at each position."""
-    from scipy.stats import chi2
-
     kw = dict(max_new_tokens=3, temperature=1.0, top_k=3, repetition_penalty=1.6, presence_penalty=0.7,
               frequency_penalty=0.3, bad_words=((9, 11),))
     sp = SamplingParams(**kw)
@@ -171,23 +170,5 @@ def test_sampled_speculation_follows_the_processed_target_distribution(target, d
         moved.append(float((p - logits_to_probs(logits[0], sp)).abs().sum()))
         return p
 
-    exact = {}
-    p1 = probs(prompt)
-    for x1 in p1.nonzero().flatten().tolist():
-        p2 = probs(prompt + [x1])
-        for x2 in p2.nonzero().flatten().tolist():
-            p3 = probs(prompt + [x1, x2])
-            for x3 in p3.nonzero().flatten().tolist():
-                exact[(x1, x2, x3)] = float(p1[x1] * p2[x2] * p3[x3])
-    n = 1200
-    eng = Engine(target, DraftModelProposer(draft, 16, 64), max_draft_len=2, max_batch_size=16, max_seq_len=48)
-    outs = eng.generate([prompt] * n, [SamplingParams(**kw, seed=i) for i in range(n)])
-    counts: dict = {}
-    for o in outs:
-        counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1
-    assert set(counts) <= set(exact)
-    stat = sum((counts.get(c, 0) - n * p) ** 2 / (n * p) for c, p in exact.items() if n * p >= 1)
-    dof = sum(1 for p in exact.values() if n * p >= 1) - 1
-    assert chi2.sf(stat, dof) > 1e-3
-    assert sum(o.stats.accepted for o in outs) > 0
+    assert_three_token_law(target, draft, prompt, probs, kw)
     assert max(moved) > 0.2  # the processors really moved the law being tested

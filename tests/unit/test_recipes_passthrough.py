@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
 
 import pytest
@@ -21,20 +20,14 @@ from trtspec.config import load_recipe, parse_recipe
 from trtspec.errors import ConfigErrors
 from trtspec.trtllm import accepted_names as A
 from trtspec.trtllm.plan import make_plan
+from tests.goldens import check_golden
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "recipes"
-UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.is_file(), f"missing golden {path}; generate it with TRTSPEC_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{name} differs from the golden; if intended, regenerate (TRTSPEC_UPDATE_GOLDEN=1)"
+    check_golden(GOLDEN / name, text)
 
 
 BASE = {

@@ -19,21 +19,15 @@ from trtspec.config import load_recipe, parse_recipe
 from trtspec.errors import ConfigError, StageError
 from trtspec.trtllm import accepted_names as A
 from trtspec.trtllm.bench import bench_plan, read_report, read_reports, recommend, run_bench
+from tests.goldens import check_golden
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "recipes"
-UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 R8B = REPO / "build_configs" / "llama3.1-8b-eagle3-fp8-trtllm.yaml"
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.is_file(), f"missing golden {path}; generate it with TRTSPEC_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{name} differs from the golden; if intended, regenerate (TRTSPEC_UPDATE_GOLDEN=1)"
+    check_golden(GOLDEN / name, text)
 
 
 def _plan(recipe=None, **kw):

@@ -27,6 +27,7 @@ from trtspec.errors import ConfigError, StageError
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import layout_for
 from trtspec.trtllm.plan import make_plan
+from tests.goldens import check_golden
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]' (kubernetes-validate)")
 istio_v1 = pytest.importorskip("cloudcoil.models.istio.networking.v1", reason="pip install -e '.[dev]' (cloudcoil-models-istio)")
@@ -36,20 +37,13 @@ ISTIO = {"VirtualService": istio_v1.VirtualService, "PeerAuthentication": istio_
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "scaleout" / "k8s"
-UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 K8S_VERSIONS = ("1.30.0", kubernetes_validate.utils.latest_version())
 # the schema files are large and read on every call: read each once
 kubernetes_validate.utils.schema_contents = functools.lru_cache(maxsize=None)(kubernetes_validate.utils.schema_contents)
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.is_file(), f"missing golden {path}; generate it with TRTSPEC_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{name} differs from the golden; if intended, regenerate (TRTSPEC_UPDATE_GOLDEN=1)"
+    check_golden(GOLDEN / name, text)
 
 
 # ---------------------------------------------------------------------------------- schema validation

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
 import shutil
 import sys
@@ -29,20 +28,14 @@ from trtspec.triton.launch.mpi import MpiTritonServer, launch_plan
 from trtspec.triton.placement import Layout, Placement, layout_for
 from trtspec.triton.access import restricted_args
 from trtspec.trtllm.plan import make_plan
+from tests.goldens import check_golden
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "scaleout" / "mpi"
-UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.is_file(), f"missing golden {path}; generate it with TRTSPEC_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{name} differs from the golden; if intended, regenerate (TRTSPEC_UPDATE_GOLDEN=1)"
+    check_golden(GOLDEN / name, text)
 
 
 BASE = {

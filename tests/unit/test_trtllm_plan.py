@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import pathlib
 
 import pytest
@@ -22,10 +21,10 @@ from trtspec.trtllm import accepted_names as A
 from trtspec.trtllm.handoff import TrtllmBuild, triton_choices
 from trtspec.trtllm.llmapi import triton_model_yaml
 from trtspec.trtllm.plan import make_plan
+from tests.goldens import check_golden
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "trtllm"
-UPDATE = os.environ.get("TRTSPEC_UPDATE_GOLDEN", "") not in ("", "0")
 
 TRTLLM_RECIPES = sorted(
     p for p in (REPO / "build_configs").glob("*.yaml")
@@ -40,13 +39,7 @@ def _plan(path: pathlib.Path):
 
 
 def _golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if UPDATE:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        return
-    assert path.is_file(), f"missing golden {path}; generate it with TRTSPEC_UPDATE_GOLDEN=1 and review it"
-    assert text == path.read_text(), f"{name} differs from the golden; if intended, regenerate (TRTSPEC_UPDATE_GOLDEN=1)"
+    check_golden(GOLDEN / name, text)
 
 
 def test_the_shipped_trtllm_recipes_are_covered():
