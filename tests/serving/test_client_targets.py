@@ -5,7 +5,6 @@ server that returns no token ids, a TLS server), and the OpenAI endpoint's reque
 from __future__ import annotations
 
 import asyncio
-import datetime
 import json
 import threading
 
@@ -18,6 +17,7 @@ from trtspec.client.targets import ClientOptions, TLSOptions, open_client, parse
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.openai_api import APIError, StopCutter, parse_request
 from trtspec.triton.launch.server import free_port
+from tests.serving.certs import self_signed_cert
 
 
 @pytest.mark.parametrize("url, scheme, address, path, kind", [
@@ -236,27 +236,7 @@ def test_unreachable_and_wrong_scheme(tmp_path):
 @pytest.fixture(scope="module")
 def self_signed(tmp_path_factory):
     """(cert.pem, key.pem) for 127.0.0.1/localhost, made here with `cryptography`."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-    import ipaddress
-
-    d = tmp_path_factory.mktemp("tls")
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost"),
-                                                        x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
-            .sign(key, hashes.SHA256()))
-    (d / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption()))
-    return d / "cert.pem", d / "key.pem"
+    return self_signed_cert(tmp_path_factory.mktemp("tls"))
 
 
 def test_https_target_tls_mismatch_is_exit_5(self_signed, tmp_path):
