@@ -347,14 +347,7 @@ async def _run_block(client: AsyncLLMClient, settings: BenchSettings, role: str,
             if on_done:
                 on_done()
 
-    tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, len(plan)))]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    await run_all(worker() for _ in range(min(concurrency, len(plan))))
     window.end = time.perf_counter()
     if lost:
         window.interrupted = str(lost[0]).splitlines()[0]
@@ -367,6 +360,19 @@ async def _run_replicas(clients: list[AsyncLLMClient], settings: BenchSettings, 
     """The same block on every replica at once."""
     return await gather_windows(_run_block(c, settings, role, concurrency, plan, on_done, settle, block)
                                 for c in clients)
+
+
+async def run_all(coros) -> None:
+    """Run the coroutines as tasks; if one fails (or this is cancelled), cancel the rest and wait
+    for them before raising, so no request is left running."""
+    tasks = [asyncio.create_task(c) for c in coros]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
 
 
 async def gather_windows(blocks) -> list[Window]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from trtspec.errors import ConfigError
-from trtspec.client.loadgen import BenchInterrupted, gather_windows, send_one
+from trtspec.client.loadgen import BenchInterrupted, gather_windows, run_all, send_one
 from trtspec.client.metrics import Window
 from trtspec.client.loadgen import LevelResult, PromptItem, check_level
 
@@ -218,14 +218,7 @@ async def _run_open_block(client: "AsyncLLMClient", settings: "BenchSettings", r
         if on_done:
             on_done()
 
-    tasks = [asyncio.create_task(one(k)) for k in range(len(plan))]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    await run_all(one(k) for k in range(len(plan)))
     window.end = time.perf_counter()
     window.requests.sort(key=lambda r: r.start)
     if lost:
