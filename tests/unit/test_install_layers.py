@@ -102,3 +102,20 @@ def test_core_commands_run_without_torch(tmp_path):
     assert json.loads(r.stdout)["checks"], r.stdout
     r = _run_without(["torch", "modelopt", "transformers", "tritonclient"], ["recipes", "list", "--json"], tmp_path)
     assert r.returncode == 0 and "tiny-cpu-draft-target" in r.stdout, r.stderr
+
+
+def test_package_renders_a_torch_runtime_repository_without_torch(tmp_path):
+    # `trtspec package` is a core command: rendering a torch-runtime recipe reads the recipe and the
+    # models' config.json, and must not import the engine (found by installing the [client] wheel)
+    recipes = tmp_path / "recipes"
+    recipes.mkdir()
+    (recipes / "tiny.yaml").write_text((ROOT / "build_configs" / "tiny-cpu-draft-target.yaml").read_text())
+    for name in ("tiny-target", "tiny-draft"):
+        folder = tmp_path / "models" / name
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text(json.dumps({"eos_token_id": 0, "pad_token_id": 1}))
+    r = _run_without(["torch", "modelopt", "transformers", "tritonclient"],
+                     ["package", "recipes/tiny.yaml", "-o", "repo"], tmp_path)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    assert (tmp_path / "repo" / "tensorrt_llm" / "config.pbtxt").is_file()
+    assert json.loads((tmp_path / "repo" / "trtspec.json").read_text())["kind"]

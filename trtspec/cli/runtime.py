@@ -10,7 +10,7 @@ from rich.table import Table
 
 from trtspec.config import TORCH_METHODS, draft_option_problem, load_recipe
 from trtspec.prompts import load_prompts
-from trtspec.speculative.runtime import RuntimeSpec
+from trtspec.speculative.spec import RuntimeSpec
 from trtspec.speculative.runtime import build_engine
 from trtspec.speculative.sampling import SamplingParams
 from trtspec.speculative.tune import tune as run_tune

@@ -25,6 +25,7 @@ Layout (names as in NVIDIA's tensorrtllm backend, so its clients work unchanged)
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import pathlib
@@ -43,6 +44,7 @@ from trtspec.manifest import maybe_manifest
 from trtspec.trtllm.build import plan_build
 from trtspec.trtllm.handoff import KIND, TrtllmBuild
 from trtspec.config import recipe_to_dict
+from trtspec.speculative.spec import RuntimeSpec
 from trtspec.hub import resolve_recipe
 from trtspec.outputs import check_replaceable
 
@@ -114,10 +116,19 @@ def pbtxt_parameters(params: dict[str, Any]) -> Raw:
     return Raw("\n".join(lines))
 
 
+def schema_available() -> bool:
+    """Triton's ``ModelConfig`` schema ships with tritonclient ([client], [serve]); the bare core
+    renders without it and says so in the repository's notes."""
+    try:
+        return importlib.util.find_spec("tritonclient") is not None
+    except (ImportError, ValueError):
+        return False
+
+
 def parse_model_config(text: str, *, source: str = "config.pbtxt"):
     """Parse with Triton's ``ModelConfig`` protobuf (the schema tritonserver itself uses)."""
-    from google.protobuf import text_format
-    from tritonclient.grpc import model_config_pb2
+    from google.protobuf import text_format  # lazy: [client]/[serve] only (see schema_available)
+    from tritonclient.grpc import model_config_pb2  # lazy: as above
 
     try:
         return text_format.Parse(text, model_config_pb2.ModelConfig())
@@ -198,8 +209,6 @@ def inputs_from_recipe(
     runtime = recipe.runtime.backend
     spec = None
     if runtime == "torch":
-        from trtspec.speculative.runtime import RuntimeSpec  # lazy: trtspec.speculative.runtime needs torch; this module stays importable without it
-
         spec = RuntimeSpec.from_recipe(recipe, target=target, draft=draft)
         tokenizer = recipe.target.tokenizer or target or recipe.target.model
         end_id, pad_id = special_ids(target or recipe.target.model)
@@ -496,7 +505,8 @@ def render_repository(
     with atomic_dir(out, overwrite=overwrite) as tmp:
         for plan in plans:
             render_model(plan, templates, tmp)
-        manifest = write_manifest(tmp, REPOSITORY_KIND, **_manifest_fields(inp, plans), notes=notes(inp))
+        manifest = write_manifest(tmp, REPOSITORY_KIND, **_manifest_fields(inp, plans), notes=notes(inp),
+                                  schema_checked=schema_available())
     return RenderedRepository(out, {p.name: p.role for p in plans}, manifest)
 
 
@@ -509,8 +519,8 @@ def render_model(plan: ModelPlan, templates: pathlib.Path, root: pathlib.Path) -
     dst.mkdir()
     source = f"templates/{plan.template}/config.pbtxt"
     text = fill((src / "config.pbtxt").read_text(), plan.values, source=source)
-    cfg = parse_model_config(text, source=f"{plan.name}/config.pbtxt (from {source})")
-    if cfg.name and cfg.name != plan.name:
+    cfg = parse_model_config(text, source=f"{plan.name}/config.pbtxt (from {source})") if schema_available() else None
+    if cfg is not None and cfg.name and cfg.name != plan.name:
         raise RenderError(f"{source}: renders name '{cfg.name}' into folder '{plan.name}'")
     (dst / "config.pbtxt").write_text(text)
     # everything else in the template folder (model.py) is copied verbatim; a version folder always exists
@@ -554,6 +564,14 @@ def _manifest_fields(inp: ServingInputs, plans: list[ModelPlan]) -> dict[str, An
 
 
 def notes(inp: ServingInputs) -> list[str]:
+    out = _notes(inp)
+    if not schema_available():
+        out.append("config.pbtxt files were not checked against Triton's ModelConfig schema (it ships with "
+                   "tritonclient): pip install 'trtspec[client]' to check them when packaging")
+    return out
+
+
+def _notes(inp: ServingInputs) -> list[str]:
     """What the user should know about this repository (e.g. quantization not applied)."""
     out = []
     spec, recipe = inp.runtime_spec, inp.recipe
