@@ -12,16 +12,21 @@ RECIPE ?= build_configs/tiny-cpu-draft-target.yaml
 # Re-install when the project's dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: install models demo test test-fast lint clean-venv
+.PHONY: install models demo test test-fast test-modelopt-floor lint clean-venv image
 
 install: $(STAMP)
 
+# Each step says what it does and how long it took on the 2-core reference box (README).
 $(STAMP): pyproject.toml
+	@echo "[install 1/4] venv $(VENV) and pip (about 10 s)"
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	$(PYTHON) -m pip install -q -U pip
-	# torch first, pinned: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
-	$(PYTHON) -m pip install -q torch==2.13.0
-	$(PYTHON) -m pip install -q -e ".[all,dev]"
+	@$(PYTHON) -m pip install -q -U pip
+	@echo "[install 2/4] torch 2.13.0, the CPU build (about 30 s)"
+	@# torch first, pinned: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
+	@$(PYTHON) -m pip install -q torch==2.13.0
+	@echo "[install 3/4] trtspec[all,dev]: ModelOpt, transformers, tritonserver (nvidia-pytriton), tritonclient (about 80 s)"
+	@$(PYTHON) -m pip install -q -e ".[all,dev]"
+	@echo "[install 4/4] done: $(TRTSPEC)"
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 
@@ -40,8 +45,25 @@ lint: $(STAMP)
 test: lint
 	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests
 
+# The low end of [quantize]'s ModelOpt range, as NVIDIA's TRT-LLM 1.2 container has it (ModelOpt
+# 0.37.0 with transformers 4.57.1, which TRT-LLM pins; huggingface_hub<1 for that transformers),
+# laid over the full install and run through the tests that quantize, restore and serve.
+FLOOR := .floor/modelopt-0.37
+test-modelopt-floor: $(STAMP)
+	@test -d $(FLOOR) || $(PYTHON) -m pip install -q --no-deps --target $(FLOOR) nvidia-modelopt==0.37.0 transformers==4.57.1 "huggingface_hub<1.0"
+	PYTHONPATH=$(FLOOR) $(PYTHON) -c "import modelopt, transformers; print('modelopt', modelopt.__version__, 'transformers', transformers.__version__); assert modelopt.__version__ == '0.37.0' and transformers.__version__ == '4.57.1'"
+	PYTHONPATH=$(FLOOR) $(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/engine/test_quantize.py tests/engine/test_eagle3.py tests/unit/test_recipes_calibration.py
+
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/unit
+
+# the serving image `trtspec deploy k8s` defaults to: docker/Dockerfile on the recipe's NVIDIA
+# Triton TRT-LLM base, tagged trtspec-triton:<version>-<release> (needs docker; not run in CI)
+IMAGE_RECIPE ?= build_configs/llama3.1-8b-eagle3-fp8-trtllm.yaml
+image: $(STAMP)
+	tag=$$($(PYTHON) -c 'import sys; from trtspec.config import load_recipe; from trtspec.deploy.k8s import serving_image; print(serving_image(load_recipe(sys.argv[1])))' $(IMAGE_RECIPE)) && \
+	base=$$($(PYTHON) -c 'import sys; from trtspec.config import load_recipe; print(load_recipe(sys.argv[1]).runtime.trtllm.container_image)' $(IMAGE_RECIPE)) && \
+	docker build -f docker/Dockerfile --build-arg BASE_IMAGE=$$base -t $$tag .
 
 clean-venv:
 	rm -rf $(VENV)

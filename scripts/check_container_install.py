@@ -3,7 +3,8 @@ inside NVIDIA's TRT-LLM image leave its torch, ModelOpt, TensorRT and numpy<2 al
 
 docker cannot build here (no engine), so this runs the same pip command with --dry-run --report
 against docker/container-constraints.txt (the image's pins) and prints what pip would install.
-Exit 1 if that includes torch, nvidia-modelopt, tensorrt*, or numpy>=2.
+Exit 1 if that includes torch, nvidia-modelopt, tensorrt*, transformers (TRT-LLM pins its own) or
+numpy>=2.
 
     python scripts/check_container_install.py [--json]
 """
@@ -18,7 +19,7 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
-FORBIDDEN = ("torch", "nvidia-modelopt", "tensorrt", "tensorrt-llm", "tensorrt_llm")
+FORBIDDEN = ("torch", "nvidia-modelopt", "tensorrt", "tensorrt-llm", "tensorrt_llm", "transformers")
 
 
 def main() -> int:
@@ -41,7 +42,7 @@ def main() -> int:
     else:
         print(f"pip would install {len(installs)} packages: " + ", ".join(f"{n}=={v}" for n, v in sorted(installs.items())))
         print("forbidden: " + (", ".join(f"{n}=={v}" for n, v in bad.items()) if bad else "none (the image's torch, "
-                                "ModelOpt, TensorRT and numpy<2 stay)"))
+                                "ModelOpt, TensorRT, transformers and numpy<2 stay)"))
     return 1 if bad else 0
 
 

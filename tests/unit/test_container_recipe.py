@@ -50,3 +50,7 @@ def test_the_pip_command_installs_existing_extras_under_the_image_constraints_an
     assert "diff /tmp/versions-before.txt /tmp/versions-after.txt" in run
     pins = (ROOT / "docker" / "container-constraints.txt").read_text()
     assert re.search(r"^torch==", pins, re.M) and re.search(r"^nvidia-modelopt==", pins, re.M) and "numpy<2" in pins
+    # TRT-LLM pins transformers; the image's version must satisfy trtspec[client]'s range as it is
+    assert re.search(r"^transformers==", pins, re.M)
+    for pkg in ("torch", "nvidia-modelopt", "tensorrt_llm", "transformers", "numpy"):
+        assert f"'{pkg}'" in run, f"the before/after version check leaves out {pkg}"

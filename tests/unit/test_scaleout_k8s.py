@@ -22,7 +22,7 @@ import pytest
 import yaml
 
 from trtspec.config import load_recipe, parse_recipe, recipe_to_dict
-from trtspec.deploy.k8s import K8sOptions, app_name, k8s_files, write_k8s
+from trtspec.deploy.k8s import K8sOptions, app_name, k8s_files, serving_image, write_k8s
 from trtspec.errors import ConfigError, StageError
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import layout_for
@@ -234,11 +234,25 @@ def test_pods_ask_for_the_gpus_and_run_the_command_of_the_launch_plan(case):
         repo = f"/workspace/deploy/{recipe.name}/" + ("repository" if track == "speculative" else "repository-baseline")
         plan = launch_plan(layout, repository=repo, exit_timeout=30)
         assert c["args"] == list(plan.argv)
-        assert c["image"] == recipe.runtime.trtllm.container_image
+        # the trtspec serving image docker/Dockerfile builds on the recipe's NVIDIA base (make image)
+        assert c["image"] == serving_image(recipe)
     if case == "llama3.1-70b-tp8-8gpu":
         assert layout.world_size == 10 and len(layout.gpus) == 8
         args = _deployment(files)["spec"]["template"]["spec"]["containers"][0]["args"]
         assert args.count(":") == 9 and args.count("--load-model=tensorrt_llm_draft") == 9
+
+
+def test_default_image_is_the_trtspec_image_built_on_the_recipe_base():
+    from trtspec import __version__
+
+    recipe = load_recipe(REPO / "build_configs" / "llama3.1-8b-eagle3-fp8-trtllm.yaml")
+    assert recipe.runtime.trtllm.container_image == "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+    assert serving_image(recipe) == f"trtspec-triton:{__version__}-25.12"
+    assert serving_image(recipe, registry="reg.example.com/ml/") == f"reg.example.com/ml/trtspec-triton:{__version__}-25.12"
+    # the Dockerfile's default base and the Makefile's image target agree with the recipe
+    dockerfile = (REPO / "docker" / "Dockerfile").read_text()
+    assert f"ARG BASE_IMAGE={recipe.runtime.trtllm.container_image}" in dockerfile
+    assert "serving_image" in (REPO / "Makefile").read_text()
 
 
 # ---------------------------------------------------------------------------------- rollout.sh

@@ -27,7 +27,7 @@ def deploy() -> None:
 @click.option("--draft", type=click.Path(file_okay=False), default=None, help="torch runtime: serve this draft / head folder.")
 @click.option("--name", default=None, help="Object name prefix (default: the recipe name, DNS-safe).")
 @click.option("--namespace", default="default", show_default=True)
-@click.option("--image", default=None, help="Container image (default: runtime.trtllm.container_image; it needs trtspec installed).")
+@click.option("--image", default=None, help="Container image (default: trtspec-triton:<version>-<release>, what `make image` builds from docker/Dockerfile on runtime.trtllm.container_image; push it and pass REGISTRY/NAME:TAG).")
 @click.option("--mount-path", default="/workspace", show_default=True,
               help="Where the pods mount the volume: the build, models and OUT must be under it, at these paths.")
 @click.option("--pvc", default=None, help="Use this existing PersistentVolumeClaim (default: k8s/pvc.yaml makes NAME-models).")

@@ -17,7 +17,8 @@ What one call writes into a fresh folder ``OUT`` (atomically, with ``OUT/trtspec
     prometheus-adapter-values.yaml  the custom metrics the autoscalers read (Helm values)
     rollout.sh             ./rollout.sh PERCENT: shift traffic; ./rollout.sh 0 rolls back at once
 
-Every pod runs NVIDIA's Triton container (``runtime.trtllm.container_image``, or ``--image``) with
+Every pod runs the trtspec serving image (:func:`serving_image`: docker/Dockerfile built on the
+recipe's ``runtime.trtllm.container_image``, NVIDIA's Triton TRT-LLM container; or ``--image``) with
 the command :mod:`trtspec.triton.launch.mpi` plans (mpirun over the engine's ranks for TRT-LLM engines),
 asks for as many GPUs as that plan uses (``nvidia.com/gpu``), mounts the volume read-only at the
 same path the build used, and is probed on Triton's ``/v2/health/ready`` and ``/v2/health/live``.
@@ -53,7 +54,8 @@ from trtspec.errors import ConfigError, StageError
 from trtspec.manifest import atomic_dir, write_manifest
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import Layout, layout_for
-from trtspec.config import parse_recipe, recipe_to_dict
+from trtspec import __version__
+from trtspec.config import TrtllmOptions, parse_recipe, recipe_to_dict
 from trtspec.triton.render import RenderError, package
 from trtspec.trtllm.handoff import TrtllmBuild
 from trtspec.outputs import check_replaceable
@@ -78,7 +80,7 @@ class K8sOptions:
 
     name: str | None = None  # object name prefix; default: the recipe name made DNS-safe
     namespace: str = "default"
-    image: str | None = None  # default: runtime.trtllm.container_image
+    image: str | None = None  # default: serving_image(recipe), the image docker/Dockerfile builds
     mount_path: str = "/workspace"  # where the volume is mounted, in the pods and where the build ran
     pvc: str | None = None  # an existing claim; None: k8s/pvc.yaml makes <name>-models
     storage: str = "1Ti"
@@ -446,13 +448,26 @@ exec kubectl -n {shlex.quote(opts.namespace)} patch virtualservice {shlex.quote(
 """
 
 
+def serving_image(recipe=None, registry: str | None = None) -> str:
+    """The image docker/Dockerfile builds for a recipe: NVIDIA's Triton TRT-LLM container
+    (``runtime.trtllm.container_image``) with this trtspec installed, tagged
+    ``trtspec-triton:<trtspec version>-<base tag's release>`` (``make image`` builds it under this
+    name; push it and pass ``--image REGISTRY/...``, or give ``registry``)."""
+    base = recipe.runtime.trtllm.container_image if recipe is not None else TrtllmOptions().container_image
+    tag = base.rsplit("/", 1)[-1].partition(":")[2] or "latest"
+    release = tag.split("-", 1)[0]
+    name = f"trtspec-triton:{__version__}-{release}"
+    return f"{registry.rstrip('/')}/{name}" if registry else name
+
+
+
 def k8s_files(recipe, layout: Layout, *, repository: str, baseline_repository: str,
               opts: K8sOptions) -> dict[str, str]:
     """Every file of the deployment folder but the repositories, as text (pure)."""
     opts.check()
     app = app_name(recipe.name, opts.name)
     gpus = pod_gpus(recipe, layout)
-    image = opts.image or recipe.runtime.trtllm.container_image
+    image = opts.image or serving_image(recipe)
     claim = opts.pvc or f"{app}-models"
     pending = opts.target_pending_requests or recipe.limits.max_batch_size
     docs: dict[str, list[dict[str, Any]]] = {}
@@ -571,7 +586,8 @@ def write_k8s(
         manifest = write_manifest(
             tmp, KIND,
             recipe_name=recipe.name, app=app, namespace=opts.namespace,
-            image=opts.image or recipe.runtime.trtllm.container_image,
+            image=opts.image or serving_image(recipe),
+            base_image=recipe.runtime.trtllm.container_image,
             gpus_per_pod=gpus, launch=layout.to_dict(),
             tracks={t: {"deployment": f"{app}-{t}", "service": f"{app}-{t}",
                         "repository": str(out / ("repository" if t == "speculative" else "repository-baseline"))}
