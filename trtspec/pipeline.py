@@ -232,7 +232,10 @@ class Pipeline:
                                  fix="set quantization.format too, or kv_cache: none for the torch runtime")
             out = self.stage_dir("quantize") / role
             other = pair.get(role)
-            res = quantize_model(spec.model, q, "torch", out, role=role,
+            def progress(phase: str, step: int, total: int, metrics: dict, role=role) -> None:
+                self.on_event("quantize", "progress", {"label": f"quantize: {role} {phase}", "done": step, "total": total})
+
+            res = quantize_model(spec.model, q, "torch", out, role=role, progress=progress,
                                  pair=other.model if other is not None and self.recipe.speculation.method == "draft_target" else None,
                                  gpu_arch=self.recipe.runtime.gpu_arch, threads=self.recipe.runtime.torch_threads)
             outputs[role] = {"dir": str(res.out_dir), "format": res.format, "kv_cache": res.kv_cache,
@@ -303,14 +306,14 @@ class Pipeline:
         out = self.stage_dir("validate")
         self.on_event("serve", "start", {"repository": repo})
         t0 = time.perf_counter()
-        with server_for_repository(repo, workdir=self.workdir / "server", **(
+        with server_for_repository(repo, workdir=self.workdir / "server", on_progress=self._progress("serve"), **(
                 {"ready_timeout": self.ready_timeout_s} if self.ready_timeout_s else {})) as server:
             self.server = server
             ready_s = time.perf_counter() - t0
             self.stage_log.append({"stage": "serve", "status": "done", "seconds": round(ready_s, 3)})
             self.on_event("serve", "done", {**server.endpoints.to_dict(), "seconds": ready_s})
             try:
-                result = run_validation(server.endpoints.grpc, self.recipe)
+                result = run_validation(server.endpoints.grpc, self.recipe, progress=self._progress("validate"))
             except TrtspecError as e:
                 self._check_alive(server, e)
                 raise
@@ -325,6 +328,12 @@ class Pipeline:
                 "verdict": {"decision": v.decision, "deploy_speculative": v.deploy_speculative,
                             "gates": [g.to_dict() if hasattr(g, "to_dict") else str(g) for g in v.gates]},
                 "speedup": result.speedup, "acceptance": result.acceptance}
+
+    def _progress(self, stage: str):
+        """A library ``(done, total, label)`` callback turned into this stage's progress events."""
+        def progress(done: int, total: int | None, label: str) -> None:
+            self.on_event(stage, "progress", {"label": f"{stage}: {label}", "done": done, "total": total})
+        return progress
 
     def _check_alive(self, server, cause: BaseException | None = None) -> None:
         """A validation that ran against a server which died is no verdict: fail the stage."""

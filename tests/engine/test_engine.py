@@ -436,7 +436,7 @@ def test_int8_weight_only_draft_stays_token_identical(tiny_models, pair, prompts
     outs = eng.generate(prompts, GREEDY)
     assert [o.token_ids for o in outs] == plain_outputs
     agg8 = Aggregate()
-    for o in outs:
+    for o in outs[:16]:  # the same prompts as the fp reference below: only INT8 differs
         agg8.add(o.stats)
     ref = Engine(target, DraftModelProposer(draft, 8, 1100), max_draft_len=4, max_batch_size=8).generate(prompts[:16], GREEDY)
     agg = Aggregate()

@@ -11,6 +11,7 @@ import functools
 import os
 import signal
 import sys
+import time
 import traceback
 
 import click
@@ -75,14 +76,61 @@ def handle_errors(fn):
     return wrapper
 
 
+class StepProgress:
+    """Progress of the steps of a long command: one bar per step (label, done/total, elapsed, ETA
+    and a free-text ``note`` such as the training loss) on stderr.
+
+    On a terminal the bars are rich's, live; elsewhere (CI logs, ``make demo | tee``) each step
+    prints a plain line when it starts, at every quarter and when it ends, with the elapsed time
+    and the ETA, so a log still shows what the command is doing and how long it has left.
+
+    >>> with StepProgress() as p:
+    ...     p.update("train target", 10, 240, note="loss 5.12")
+    """
+
+    def __init__(self, console: Console | None = None):
+        self.console = console or err
+        self.live = self.console.is_terminal
+        self._prog = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(),
+                              TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                              TextColumn("{task.fields[note]}"), console=self.console, transient=True)
+        self._tasks: dict[str, int] = {}
+        self._plain: dict[str, tuple[float, int]] = {}  # label → (start time, last quarter printed)
+
+    def __enter__(self) -> "StepProgress":
+        if self.live:
+            self._prog.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.live:
+            self._prog.stop()
+
+    def update(self, label: str, done: int, total: int | None, note: str = "") -> None:
+        if self.live:
+            if label not in self._tasks:
+                self._tasks[label] = self._prog.add_task(label, total=total, note=note)
+            self._prog.update(self._tasks[label], completed=done, total=total, note=note)
+            return
+        now = time.monotonic()
+        start, last = self._plain.setdefault(label, (now, -1))
+        quarter = 4 * done // total if total else (4 if done else 0)
+        if quarter == last:
+            return
+        self._plain[label] = (start, quarter)
+        elapsed = now - start
+        eta = f", eta {elapsed * (total - done) / done:.0f} s" if total and 0 < done < total else ""
+        count = f" {done}/{total}" if total else ""
+        self.console.print(f"  {label}{count} ({elapsed:.0f} s{eta}){'  ' + note if note else ''}",
+                           markup=False, highlight=False)
+
+
 def _progress():
-    """A rich progress bar on stderr and the callback the library drives it with."""
-    prog = Progress(TextColumn("{task.description:<24}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    TextColumn("eta"), TimeRemainingColumn(), console=err, transient=True)
-    task = prog.add_task("connecting", total=None)
+    """A progress bar on stderr and the ``(done, total, label)`` callback the library drives it with."""
+    prog = StepProgress()
 
     def update(done: int, total: int | None, label: str) -> None:
-        prog.update(task, completed=done, total=total, description=label)
+        prog.update(label, done, total)
 
     return prog, update
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 import json
 
 import click
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trtspec.checkpoints.eagle3 import Eagle3Settings, make_eagle3_head
 from trtspec.checkpoints import qwen
 from trtspec.checkpoints.tiny import TinySettings, make_tiny_models
-from trtspec.cli.common import err, handle_errors, out
+from trtspec.cli.common import StepProgress, err, handle_errors, out
+
+
+def _training_progress(prog: StepProgress):
+    """The trainers' ``(phase, step, total, metrics)`` callback drawn as one bar per phase (loss shown)."""
+    def progress(phase: str, step: int, total: int, metrics: dict) -> None:
+        label = phase if phase in ("tokenizer", "evaluate") else f"train {phase}"
+        prog.update(label, step, total, note=f"loss {metrics['loss']:.3f}" if "loss" in metrics else "")
+    return progress
 
 
 @click.group()
@@ -32,16 +39,8 @@ def models_tiny(out_dir: str, seed: int, force: bool, as_json: bool) -> None:
     draft's teacher-forced top-1 agreement with the target on held-out text.
     """
     settings = TinySettings(seed=seed)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err, transient=True) as prog:
-        tasks: dict[str, int] = {}
-
-        def progress(phase: str, step: int, total: int, metrics: dict) -> None:
-            if phase not in tasks:
-                tasks[phase] = prog.add_task(f"train {phase}", total=total, loss="-")
-            prog.update(tasks[phase], completed=step, loss=f"{metrics.get('loss', 0):.3f}")
-
-        res = make_tiny_models(out_dir, settings, force=force, progress=progress)
+    with StepProgress() as prog:
+        res = make_tiny_models(out_dir, settings, force=force, progress=_training_progress(prog))
     summary = {
         "target": str(res.target_dir), "draft": str(res.draft_dir), "agreement": round(res.agreement, 4),
         "target_params": res.target_params, "draft_params": res.draft_params,
@@ -112,16 +111,8 @@ def models_eagle3(target_dir: str, out_dir: str, steps: int | None, trainer: str
     Prints teacher-forced accuracy per draft step and the acceptance length on held-out prompts.
     """
     settings = Eagle3Settings.for_trainer(trainer, seed=seed, steps=steps, threads=threads)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TextColumn("loss {task.fields[loss]}"), TimeElapsedColumn(), console=err, transient=True) as prog:
-        tasks: dict[str, int] = {}
-
-        def progress(phase: str, step: int, total: int, metrics: dict) -> None:
-            if phase not in tasks:
-                tasks[phase] = prog.add_task(f"train {phase}", total=total, loss="-")
-            prog.update(tasks[phase], completed=step, loss=f"{metrics.get('loss', 0):.3f}")
-
-        res = make_eagle3_head(target_dir, out_dir, settings, force=force, progress=progress)
+    with StepProgress() as prog:
+        res = make_eagle3_head(target_dir, out_dir, settings, force=force, progress=_training_progress(prog))
     summary = {"head": str(res.head_dir), "trainer": res.trainer, "params": res.params, "train_s": round(res.train_s, 1),
                "step_accuracy": res.step_accuracy, "acceptance_length": res.acceptance_length,
                "acceptance_rate": res.acceptance_rate, "cached": res.cached}

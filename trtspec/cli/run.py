@@ -13,7 +13,7 @@ from rich.markup import escape
 from trtspec.config import load_recipe
 from trtspec.errors import TrtspecError
 from trtspec.pipeline import Pipeline
-from trtspec.cli.common import _debug, _interrupted, err, out
+from trtspec.cli.common import StepProgress, _debug, _interrupted, err, out
 
 
 @click.command("run")
@@ -38,8 +38,13 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
 
     icons = {"start": "▶", "done": "[green]✓[/]", "reused": "[cyan]↺[/]", "skipped": "[dim]–[/]", "failed": "[bold red]✗[/]"}
 
+    bars = StepProgress()
+
     def on_event(stage: str, what: str, info: dict) -> None:
         if as_json:
+            return
+        if what == "progress":  # a step inside a stage (calibration, models loading, requests)
+            bars.update(info["label"], info["done"], info["total"])
             return
         if what == "start":
             out.print(f"▶ {stage} …" + (f"  [dim]why: {escape(info['why'])}[/]" if explain and info.get("why") else ""))
@@ -63,7 +68,8 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
     try:
         recipe = load_recipe(config)
         wd = pathlib.Path(workdir) if workdir else pathlib.Path("runs") / recipe.name
-        res = Pipeline(recipe, wd, source=config, on_event=on_event).run(start=start, until=until)
+        with bars:
+            res = Pipeline(recipe, wd, source=config, on_event=on_event).run(start=start, until=until)
     except KeyboardInterrupt as e:
         what, code = _interrupted(e)
         err.print(f"[yellow]{what}: everything started was stopped; re-run to resume[/]")

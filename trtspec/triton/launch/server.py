@@ -226,6 +226,7 @@ class TritonServer:
         entry_points: tuple[str, ...] = (),
         on_watchdog_event=None,
         tls=None,
+        on_progress=None,
     ):
         self.repository = pathlib.Path(repository).resolve()
         if not self.repository.is_dir():
@@ -258,6 +259,8 @@ class TritonServer:
         self.tls = tls  # trtspec.triton.access.TlsSettings | None: gRPC over TLS
         if tls is not None:
             tls.check()
+        # (models ready, models in the repository, label) while start() waits: a progress bar
+        self.on_progress = on_progress
 
     # ---------------------------------------------------------------- command
 
@@ -393,14 +396,28 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def _model_ready(self, name: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.endpoints.http}/v2/models/{name}/ready", timeout=1) as r:
+                return r.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout
+        names = sorted(p.parent.name for p in self.repository.glob("*/config.pbtxt"))
+        loaded: set[str] = set()
         while time.monotonic() < deadline:
             rc = self.proc.poll()
             if rc is not None:
                 raise self._failure(f"tritonserver exited (code {rc}) before it was ready")
             if self._ready():
+                if self.on_progress:
+                    self.on_progress(len(names), len(names), "models ready")
                 return
+            if self.on_progress and names:
+                loaded |= {n for n in names if n not in loaded and self._model_ready(n)}
+                self.on_progress(len(loaded), len(names), "models ready")
             time.sleep(0.25)
         raise self._failure(f"tritonserver was not ready within {self.ready_timeout:.0f} s", timeout=True)
 
