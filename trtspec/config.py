@@ -469,8 +469,37 @@ class RuntimeConfig(Strict):
         "kernels; compiled when the engine is built (seconds for a 1-layer draft, minutes for a 24-layer one; "
         "cached on disk); outputs do not change",
     )
+    quantized_kernels: Literal["native", "emulated"] = Field(
+        "native",
+        description="torch runtime: how a ModelOpt-quantized target or draft runs. native: on low-bit weight "
+        "kernels where torch has them for the format and device (see quantized_kernels_for; `trtspec check` "
+        "prints it), with the checkpoint's own INT8 values and scales; ModelOpt's fake-quant elsewhere. "
+        "emulated: always ModelOpt's fake-quant (its reference numerics; slower than the unquantized model). "
+        "Ordinary decoding beside speculation runs on the same kernels, so equivalence compares like with like",
+    )
     adaptive: Adaptive = Adaptive()
     trtllm: TrtllmOptions = TrtllmOptions()
+
+
+# what a quantized weight format runs on in the torch runtime, per device, when
+# runtime.quantized_kernels is native (anything else: ModelOpt's fake-quant, "emulated")
+NATIVE_KERNELS: dict[tuple[str, str], str] = {
+    ("int8_wo", "cpu"): "INT8 weights, aten._weight_int8pack_mm (bf16 activations)",
+    ("int8_wo", "cuda"): "INT8 weights, dequantized to bf16 per matmul",
+}
+
+
+def quantized_kernels_for(fmt: str, device: str, choice: str = "native") -> str:
+    """What a model quantized to ``fmt`` runs on in the torch runtime on ``device`` (cpu, cuda; auto
+    reads as both): the native kernel where :data:`NATIVE_KERNELS` has one, else ModelOpt's fake-quant."""
+    if fmt == "none":
+        return "unquantized"
+    emulated = "ModelOpt fake-quant (emulated: quantized values, fp matmuls)"
+    if choice == "emulated":
+        return emulated
+    devices = ("cpu", "cuda") if device == "auto" else (device,)
+    return "; ".join(f"{d}: {NATIVE_KERNELS.get((fmt, d), emulated)}" for d in devices) if len(devices) > 1 \
+        else NATIVE_KERNELS.get((fmt, devices[0]), emulated)
 
 
 class Limits(Strict):

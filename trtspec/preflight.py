@@ -14,12 +14,12 @@ import pathlib
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
-from trtspec.config import Eagle, Eagle3, Medusa, Recipe
+from trtspec.config import Eagle, Eagle3, Medusa, Recipe, quantized_kernels_for
 from trtspec.versions import engine_flow_supported
 from trtspec.hub import check_lines, is_hub_id
 from trtspec.recipe_checks import calibration_lines, passthrough_lines
 
-Status = Literal["ok", "warn", "fail", "skip"]
+Status = Literal["ok", "warn", "fail", "skip", "info"]
 
 
 @dataclass
@@ -197,6 +197,11 @@ def check_quantization(recipe: Recipe, report: CheckReport) -> None:
             refuse("the TRT-LLM PyTorch flow does not load INT8 SmoothQuant checkpoints (ModelOpt still exports them as legacy TRT-LLM checkpoints)", "use fp8/int4_awq, or runtime.backend: trtllm-engine")
         if isinstance(spec, Eagle3) and backend == "trtllm-pytorch" and spec.eagle3_one_model and role == "target" and fmt == "fp8":
             report.add("quantization:target", "warn", "EAGLE-3 one-model with an FP8 target crashed in TRT-LLM 1.0.0rc6 (TRT-LLM#7842); test on your version or set eagle3_one_model: false")
+        if fmt != "none" and backend == "torch":
+            kernels = quantized_kernels_for(fmt, recipe.runtime.device, recipe.runtime.quantized_kernels)
+            if q.kv_cache != "none" and "fake-quant" not in kernels:  # the KV quantizers need the fake-quant model
+                kernels = quantized_kernels_for(fmt, recipe.runtime.device, "emulated") + " (the KV-cache format needs it)"
+            report.add(f"kernels:{role}", "info", f"{fmt} in the torch runtime runs on {kernels}")
         if q.kv_cache != "none" and backend == "torch":
             report.add(f"quantization:{role}", "warn", f"kv_cache={q.kv_cache!r}: the torch runtime rounds K/V to {q.kv_cache} with the calibrated scales (fake-quant) but stores them in {recipe.runtime.dtype}, so the cache takes no less memory here")
     if not problems:

@@ -28,7 +28,9 @@ import torch
 import torch.nn.functional as F
 
 from trtspec.errors import ModelError
-from trtspec.speculative.model import Attention, CausalLM, ModelArgs, read_hf_config, rotate_half
+from trtspec.config import NATIVE_KERNELS
+from trtspec.speculative.model import (Attention, CausalLM, Int8Linear, ModelArgs, quantize_layer_weight_only_,
+                                       read_hf_config, rotate_half)
 from trtspec.manifest import read_manifest
 from trtspec.quantize import nvfp4_cpu
 
@@ -182,9 +184,12 @@ def save_state(qmodel: torch.nn.Module, folder: pathlib.Path) -> pathlib.Path:
 
 
 def load_quantized(
-    folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    folder: str | os.PathLike, *, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+    kernels: str = "native",
 ) -> CausalLM:
-    """Load a ``trtspec quantize --export torch`` folder as a fake-quantized CausalLM."""
+    """Load a ``trtspec quantize --export torch`` folder as a CausalLM: on native low-bit kernels
+    where ``kernels="native"`` and the format has them on ``device`` (config.NATIVE_KERNELS; INT8
+    weight-only: :func:`native_weight_only`), else ModelOpt's fake-quant."""
     import modelopt.torch.opt as mto
 
 
@@ -206,5 +211,55 @@ def load_quantized(
     with quiet():
         model = mto.restore(model, str(state))
         model = model.to(device=device, dtype=dtype)
+        dev = torch.device(device).type
+        if kernels == "native" and (m.get("format"), dev) in NATIVE_KERNELS:
+            native = native_weight_only(model, args)
+            if native is not None:
+                return native.to(device=device).eval()
         fold_weights(model)
     return model.eval()
+
+
+@torch.no_grad()
+def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
+    """The ModelOpt INT8 weight-only model ``qmodel`` (restored, not folded) as a plain CausalLM
+    whose quantized linears are :class:`~trtspec.speculative.model.Int8Linear`, built from the
+    checkpoint's own weights and per-channel ``amax``: the INT8 values are those ModelOpt's
+    fake-quant computes with (read back from its output), no second quantization. None when
+    the checkpoint quantizes anything this path cannot run (activations, the KV cache, blocks, a
+    width other than 8 bits): the caller then keeps the fake-quant model."""
+    amax: dict[str, torch.Tensor] = {}
+    grid: dict[str, torch.Tensor] = {}  # ModelOpt's fake-quantized weights: q * amax / 127
+    for name, mod in qmodel.named_modules():
+        for q in ("input_quantizer", "output_quantizer", "k_bmm_quantizer", "v_bmm_quantizer",
+                  "q_bmm_quantizer", "p_bmm_quantizer"):
+            if getattr(getattr(mod, q, None), "is_enabled", False):
+                return None
+        wq = getattr(mod, "weight_quantizer", None)
+        if wq is None or not wq.is_enabled:
+            continue
+        if wq.num_bits != 8 or wq.axis != 0 or wq.block_sizes or wq.amax is None:
+            return None
+        amax[name] = wq.amax
+        grid[f"{name}.weight"] = wq(mod.weight)
+    if not amax:
+        return None
+    model = CausalLM(args)
+    plain = model.state_dict()
+    # the quantized projections get ModelOpt's own fake-quantized values, from which Int8Linear
+    # reads the INT8 integers back exactly (round(q * amax / 127 * 127 / amax) = q)
+    state = {k: grid.get(k, v) for k, v in qmodel.state_dict().items() if k in plain}
+    model.load_state_dict(state, strict=True)  # every plain weight comes from the checkpoint
+    model.to(dtype=next(qmodel.parameters()).dtype)
+    projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    for i, layer in enumerate(model.model.layers):
+        prefix = f"model.layers.{i}."
+        where = {n: f"{prefix}{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}" for n in projections}
+        missing = [w for w in where.values() if w not in amax]
+        if missing:  # a partly quantized layer (e.g. a recipe that skips some projections)
+            return None
+        quantize_layer_weight_only_(layer.self_attn, layer.mlp, {n: amax[w] for n, w in where.items()})
+    if "lm_head" in amax:
+        model.lm_head = Int8Linear(model.lm_head.weight, None, amax["lm_head"])
+    model.weight_only = "int8"
+    return model

@@ -106,13 +106,25 @@ class Int8Linear(nn.Module):
     weights are dequantized on the fly. Inference only.
     """
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, amax: torch.Tensor | None = None):
+        """``amax``: a calibrated per-output-channel range (ModelOpt's ``weight_quantizer.amax``);
+        the INT8 values are then ModelOpt's own (``round(w * 127 / amax)``), not a second
+        quantization. Without it, ``amax = max|w_row|`` (the same rule)."""
         super().__init__()
         w = weight.detach().float()
-        # the kernel takes the scales in the activation dtype (bf16); quantize with the bf16 scales
-        # so that qweight * scales is exactly the grid the kernel computes with
-        scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.bfloat16)
-        self.register_buffer("qweight", torch.round(w / scales.float()[:, None]).clamp_(-127, 127).to(torch.int8).contiguous())
+        if amax is not None:
+            a = amax.detach().float().reshape(-1).clamp_min(1e-12)
+            if a.numel() != w.shape[0]:
+                raise ModelError(f"INT8 weight-only: {a.numel()} scales for {w.shape[0]} output channels",
+                                 fix="the checkpoint's weight quantizer must be per output channel (axis 0)")
+            q = torch.round(w * (127.0 / a)[:, None])
+            scales = (a / 127.0).to(torch.bfloat16)
+        else:
+            # the kernel takes the scales in the activation dtype (bf16); quantize with the bf16
+            # scales so that qweight * scales is exactly the grid the kernel computes with
+            scales = (w.abs().amax(dim=1).clamp_min(1e-12) / 127.0).to(torch.bfloat16)
+            q = torch.round(w / scales.float()[:, None])
+        self.register_buffer("qweight", q.clamp_(-127, 127).to(torch.int8).contiguous())
         self.register_buffer("scales", scales)
         self.bias = None if bias is None else bias.detach().clone()
 
@@ -131,14 +143,19 @@ class Int8Linear(nn.Module):
 
 
 @torch.no_grad()
-def quantize_layer_weight_only_(at: "Attention", mlp: "MLP") -> None:
+def quantize_layer_weight_only_(at: "Attention", mlp: "MLP", amax: dict[str, torch.Tensor] | None = None) -> None:
     """One decoder layer's projections in INT8: q|k|v and gate|up fused into one
-    :class:`Int8Linear` each, o and down on their own; the fp projections are dropped."""
+    :class:`Int8Linear` each, o and down on their own; the fp projections are dropped.
+    ``amax``: per projection name (``q_proj``, …), a calibrated range per output channel."""
+    def ranges(*names: str) -> torch.Tensor | None:
+        return None if amax is None else torch.cat([amax[n].reshape(-1) for n in names])
+
     bias = None if at.q_proj.bias is None else torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
-    at.fused = Int8Linear(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias)
-    mlp.fused = Int8Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None)
-    at.o_proj = Int8Linear(at.o_proj.weight, at.o_proj.bias)
-    mlp.down_proj = Int8Linear(mlp.down_proj.weight, None)
+    at.fused = Int8Linear(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias,
+                          ranges("q_proj", "k_proj", "v_proj"))
+    mlp.fused = Int8Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None, ranges("gate_proj", "up_proj"))
+    at.o_proj = Int8Linear(at.o_proj.weight, at.o_proj.bias, ranges("o_proj"))
+    mlp.down_proj = Int8Linear(mlp.down_proj.weight, None, ranges("down_proj"))
     for name in ("q_proj", "k_proj", "v_proj"):  # only the fused INT8 copy is used from now on
         setattr(at, name, nn.Identity())
     mlp.gate_proj, mlp.up_proj = nn.Identity(), nn.Identity()
