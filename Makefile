@@ -16,16 +16,19 @@ STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
 install: $(STAMP)
 
+# this machine's pip config lists index folders that do not exist, and pip warns once per package
+# for each: those lines are dropped, everything else pip says (and its exit status) is kept
+QUIET_PIP := 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }; test $${PIPESTATUS[0]} -eq 0
 # Each step says what it does and how long it took on the 2-core reference box (README).
 $(STAMP): pyproject.toml
 	@echo "[install 1/4] venv $(VENV) and pip (about 10 s)"
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
-	@$(PYTHON) -m pip install -q -U pip
+	@$(PYTHON) -m pip install -q -U pip $(QUIET_PIP)
 	@echo "[install 2/4] torch 2.13.0, the CPU build (about 30 s)"
 	@# torch first, pinned: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
-	@$(PYTHON) -m pip install -q torch==2.13.0
+	@$(PYTHON) -m pip install -q torch==2.13.0 $(QUIET_PIP)
 	@echo "[install 3/4] trtspec[all,dev]: ModelOpt, transformers, tritonserver (nvidia-pytriton), tritonclient (about 80 s)"
-	@$(PYTHON) -m pip install -q -e ".[all,dev]"
+	@$(PYTHON) -m pip install -q -e ".[all,dev]" $(QUIET_PIP)
 	@echo "[install 4/4] done: $(TRTSPEC)"
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)

@@ -95,7 +95,7 @@ class StepProgress:
                               TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
                               TextColumn("{task.fields[note]}"), console=self.console, transient=True)
         self._tasks: dict[str, int] = {}
-        self._plain: dict[str, tuple[float, int]] = {}  # label → (start time, last quarter printed)
+        self._plain: dict[str, tuple[float, int, int]] = {}  # label → (first seen, done then, last quarter printed)
 
     def __enter__(self) -> "StepProgress":
         if self.live:
@@ -113,13 +113,15 @@ class StepProgress:
             self._prog.update(self._tasks[label], completed=done, total=total, note=note)
             return
         now = time.monotonic()
-        start, last = self._plain.setdefault(label, (now, -1))
+        start, first, last = self._plain.setdefault(label, (now, done, -1))
         quarter = 4 * done // total if total else (4 if done else 0)
         if quarter == last:
             return
-        self._plain[label] = (start, quarter)
+        self._plain[label] = (start, first, quarter)
         elapsed = now - start
-        eta = f", eta {elapsed * (total - done) / done:.0f} s" if total and 0 < done < total else ""
+        # the rate since the step was first seen (a trainer reports its first step when it is done)
+        eta = (f", eta {elapsed * (total - done) / (done - first):.0f} s"
+               if total and first < done < total and elapsed > 0.5 else "")
         count = f" {done}/{total}" if total else ""
         self.console.print(f"  {label}{count} ({elapsed:.0f} s{eta}){'  ' + note if note else ''}",
                            markup=False, highlight=False)
