@@ -12,7 +12,7 @@ RECIPE ?= build_configs/tiny-cpu-draft-target.yaml
 # Re-install when the project's dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: install models demo test test-fast test-modelopt-floor lint clean-venv image
+.PHONY: install models demo test test-fast lint clean-venv image
 
 install: $(STAMP)
 
@@ -47,15 +47,6 @@ lint: $(STAMP)
 # tests/serving (a real tritonserver), tests/pipeline (trtspec run end to end)
 test: lint
 	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests
-
-# The low end of [quantize]'s ModelOpt range, as NVIDIA's TRT-LLM 1.2 container has it (ModelOpt
-# 0.37.0 with transformers 4.57.1, which TRT-LLM pins; huggingface_hub<1 for that transformers),
-# laid over the full install and run through the tests that quantize, restore and serve.
-FLOOR := .floor/modelopt-0.37
-test-modelopt-floor: $(STAMP)
-	@test -d $(FLOOR) || $(PYTHON) -m pip install -q --no-deps --target $(FLOOR) nvidia-modelopt==0.37.0 transformers==4.57.1 "huggingface_hub<1.0"
-	PYTHONPATH=$(FLOOR) $(PYTHON) -c "import modelopt, transformers; print('modelopt', modelopt.__version__, 'transformers', transformers.__version__); assert modelopt.__version__ == '0.37.0' and transformers.__version__ == '4.57.1'"
-	PYTHONPATH=$(FLOOR) $(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/engine/test_quantize.py tests/engine/test_eagle3.py tests/unit/test_recipes_calibration.py
 
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/unit

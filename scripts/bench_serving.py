@@ -35,6 +35,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import tritonclient.grpc as grpcclient  # noqa: E402
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_engine import cache_pressure  # noqa: E402  (scripts/bench_engine.py: the project's one reading)
+
 from trtspec.config import load_recipe
 from trtspec.prompts import load_prompts
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
@@ -84,6 +87,21 @@ class StreamClient:
         self.client.close()
 
 
+def machine_load() -> str:
+    """The machine's load while measuring (these boxes are shared and noisy): the 1-minute load
+    average against the cores, and the memory in page cache vs available."""
+    load1 = os.getloadavg()[0]
+    mem = {}
+    try:
+        for line in open("/proc/meminfo"):
+            k, v = line.split(":")
+            mem[k] = int(v.split()[0]) // 1024
+    except OSError:
+        pass
+    return (f"load {load1:.2f} on {os.cpu_count()} cores; page cache {mem.get('Cached', 0)} MiB, "
+            f"available {mem.get('MemAvailable', 0)} MiB")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "build_configs" / "tiny-cpu-draft-target.yaml"))
@@ -93,16 +111,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--torch-threads", type=int, default=None,
                     help="Override runtime.torch_threads for both sides (default: the recipe's).")
+    ap.add_argument("--engine-process", choices=["worker", "thread"], default=None,
+                    help="Override serving.engine_process (default: the recipe's). thread writes "
+                         "serving_overhead_thread.{json,md}, so both can be kept side by side.")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
 
     recipe = load_recipe(args.config)
+    if args.engine_process:
+        recipe = recipe.model_copy(update={"serving": recipe.serving.model_copy(
+            update={"engine_process": args.engine_process})})
+    mode = recipe.serving.engine_process
+    stem = "serving_overhead" if mode == "worker" else f"serving_overhead_{mode}"
     if args.torch_threads:
         rt = recipe.runtime.model_copy(update={"torch_threads": args.torch_threads})
         recipe = recipe.model_copy(update={"runtime": rt})
     spec = RuntimeSpec.from_recipe(recipe)
     engines = {"ensemble": build_engine(spec),
                "ensemble_baseline": build_engine(spec.baseline())}
+    k_verify = max(spec.max_draft_len, 1)
+    pressure_before = cache_pressure(engines["ensemble"].target, k_verify)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(recipe.target.tokenizer or recipe.target.model)
@@ -162,13 +190,15 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts), "repeats": args.repeats, "torch_threads": spec.torch_threads,
         "server_startup_s": round(startup, 1), "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "goal": "ratio >= 0.9", "paths": rows,
+        "engine_process": mode, "machine_load": machine_load(),
+        "cache_pressure": {"before": pressure_before, "after": cache_pressure(engines["ensemble"].target, k_verify)},
     }
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "serving_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# Serving overhead: {recipe.name} ({recipe.speculation.method}), {len(prompts)} prompts × {args.repeats}, "
-        f"{args.max_tokens} tokens, greedy",
+        f"{args.max_tokens} tokens, greedy, engine_process {mode}",
         "",
         "| path | in-process tok/s | Triton stream tok/s | ratio | Triton stream=false tok/s | ratio "
         "| server engine tok/s | stream / server engine | responses/request |",
@@ -182,9 +212,12 @@ def main(argv: list[str] | None = None) -> int:
               "process, interleaved prompt by prompt; goal ratio ≥ 0.9. 'server engine' times the same stream "
               "requests inside the server (perf_json total_s), so 'stream / server engine' is the cost of the "
               f"Triton path alone (tokenizer, router, detokenizer, gRPC). OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
-              f"torch threads {spec.torch_threads}. Server startup {startup:.1f} s. Outputs differing from "
+              f"torch threads {spec.torch_threads}. Cache pressure (scripts/bench_engine.py: verify after a "
+              f"draft-long pause / back to back) {result['cache_pressure']['before']['pressure']} before, "
+              f"{result['cache_pressure']['after']['pressure']} after; {result['machine_load']}. "
+              f"Server startup {startup:.1f} s. Outputs differing from "
               f"in-process: {sum(r['outputs_differing_from_in_process'] for r in rows.values())}.", ""]
-    (out / "serving_overhead.md").write_text("\n".join(lines))
+    (out / f"{stem}.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
 

@@ -558,6 +558,10 @@ class Serving(Strict):
     decoupled: bool = Field(
         True, description="NVIDIA's decoupled_mode: true streams (one response per step, gRPC stream API only); "
         "false renders models that answer one response per request, unary ModelInfer included")
+    engine_process: Literal["worker", "thread"] = Field(
+        "worker", description="torch runtime: where a served engine runs. worker: its own process, loop on its "
+        "main thread (torch's CPU kernels run as in-process; the python stub relays; docs/serving.md); "
+        "thread: a thread of the python stub (the weights in the stub; ~0.2 ms more per parallel region)")
 
 
 class Sampling(Strict):

@@ -320,6 +320,9 @@ def modelopt_eagle(tiny_target):
     mtsp = pytest.importorskip("modelopt.torch.speculative")
     from transformers import AutoModelForCausalLM
 
+    if "eagle_ttt_steps" not in mtsp.config.EagleConfig.model_fields:  # ModelOpt 0.37 (NVIDIA's TRT-LLM 1.2 container)
+        pytest.skip("this ModelOpt has no EAGLE-3 training options (eagle_ttt_steps): --trainer modelopt needs 0.47")
+
     model = AutoModelForCausalLM.from_pretrained(str(tiny_target), dtype=torch.float32)
     hc = head_config_for(load_causal_lm(tiny_target), FAST)
     a = hc.layer

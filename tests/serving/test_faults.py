@@ -38,7 +38,7 @@ from trtspec.client import (
 from trtspec.client.errors import classify
 from trtspec.client.loadgen import BenchSettings, run_bench
 from trtspec.config import parse_recipe
-from trtspec.triton.procs import stubs_of
+from trtspec.triton.procs import alive, stubs_of, workers_of
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import SHM_DIR, TritonServer
 from trtspec.triton.launch.watchdog import WatchdogSettings
@@ -355,6 +355,7 @@ def test_engine_stub_killed_mid_stream(deployment, reference):
     events = len(deployment.server.watchdog.events)
     reloads = deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm")
     killed = []
+    orphaned = workers_of(deployment.stub("tensorrt_llm_0_0"))  # the dead stub's worker must exit with it
 
     def kill_on_third(ch):
         if len(killed) < 3:
@@ -380,8 +381,67 @@ def test_engine_stub_killed_mid_stream(deployment, reference):
     assert r.token_ids == reference[PROMPTS[0]]
     assert [ev.kind for ev in deployment.server.watchdog.events[events:]][:2] == ["unhealthy", "reloaded"]
     assert deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm") == reloads + 1
+    assert len(orphaned) == 1 and not alive(orphaned[0])  # EOF on its socket: the worker exited
     report(fault="engine stub killed", client_error_s=round(failed_after, 2), reload_s=round(reload_s, 1),
            serving_again_s=round(recovered, 1))
+
+
+def test_engine_worker_killed_mid_stream(deployment, reference):
+    """serving.engine_process worker: the engine's own process dies mid-stream. The stub sees it at
+    once (EOF on its socket), fails the request, exits; the watchdog reloads the model as for a
+    dead stub, and the reloaded model serves the same greedy output from a new worker."""
+    events = len(deployment.server.watchdog.events)
+    reloads = deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm")
+    stub = deployment.stub("tensorrt_llm_0_0")
+    (worker,) = workers_of(stub)
+    killed = []
+
+    def kill_on_third(ch):
+        if len(killed) < 3:
+            killed.append(ch)
+            if len(killed) == 3:
+                os.kill(worker, signal.SIGKILL)
+                killed.append(time.monotonic())
+
+    with Bystanders(deployment.url, reference, model="ensemble_baseline"), LLMClient(deployment.url) as c:
+        with pytest.raises(InferenceFailed, match="engine worker process exited") as e:
+            c.generate(PROMPTS[0], Sampling(max_tokens=LONG), on_chunk=kill_on_third, timeout_s=60)
+        failed_after = time.monotonic() - killed[3]
+        reload_s = _reloaded(deployment, "tensorrt_llm", events)
+        recovered = None
+        while recovered is None:
+            try:
+                r = c.generate(PROMPTS[0], Sampling(max_tokens=MAX_TOKENS), timeout_s=60)
+                recovered = time.monotonic() - killed[3]
+            except InferenceFailed:
+                time.sleep(0.2)
+    assert len(e.value.partial.chunks) >= 3
+    assert failed_after < 3.0
+    assert r.token_ids == reference[PROMPTS[0]]
+    new_stub = deployment.stub("tensorrt_llm_0_0")
+    assert new_stub != stub and len(workers_of(new_stub)) == 1 and workers_of(new_stub)[0] != worker
+    assert deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm") == reloads + 1
+    report(fault="engine worker killed", client_error_s=round(failed_after, 2), reload_s=round(reload_s, 1),
+           serving_again_s=round(recovered, 1))
+
+
+def test_no_engine_worker_outlives_its_server(deployment, tmp_path):
+    """Each torch engine runs in a worker process of its stub; stopping the server (and a server
+    killed with SIGKILL, whose stubs then die) leaves no worker behind."""
+    for how in ("stop", "kill"):
+        s = TritonServer(deployment.repo, workdir=tmp_path / how, ready_timeout=300, exit_timeout=2).start()
+        stubs = [st.pid for st in stubs_of(s.proc.pid) if st.model in ("tensorrt_llm", "tensorrt_llm_baseline")]
+        workers = [w for st in stubs for w in workers_of(st)]
+        assert len(stubs) == 2 and len(workers) == 2
+        if how == "stop":
+            s.stop()
+        else:
+            os.killpg(s.proc.pid, signal.SIGKILL)
+            s.stop()
+        deadline = time.monotonic() + 15
+        while any(alive(w) for w in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(alive(w) for w in workers), how
 
 
 def test_router_stub_killed_mid_stream(deployment, reference):

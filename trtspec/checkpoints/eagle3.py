@@ -208,6 +208,12 @@ def train_modelopt(target_dir: pathlib.Path, target: CausalLM, settings: Eagle3S
     a = cfg.layer
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
     ec = copy.deepcopy(mtsp.EAGLE3_DEFAULT_CFG["config"])
+    missing = [k for k in ("eagle_ttt_steps", "eagle_export_rope_scaling") if k not in mtsp.config.EagleConfig.model_fields]
+    if missing:
+        import modelopt
+
+        raise ModelError(f"--trainer modelopt needs ModelOpt's EAGLE-3 options {missing}, which ModelOpt "
+                         f"{modelopt.__version__} does not have", fix="use --trainer native, or nvidia-modelopt 0.47")
     ec["eagle_use_torch_compile"] = False  # compiles for minutes on CPU before the first step
     ec["eagle_export_rope_scaling"] = {}  # else the export claims yarn x32 that training never used
     ec["eagle_ttt_steps"] = settings.ttt_steps + 1

@@ -283,6 +283,20 @@ def save_hf(model: CausalLM, tokenizer, folder: pathlib.Path) -> None:
     state = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     tokenizer.save_pretrained(folder)
+    portable_tokenizer_config(folder)
+
+
+def portable_tokenizer_config(folder: pathlib.Path) -> None:
+    """transformers 5 saves ``tokenizer_class: TokenizersBackend``, which transformers 4.57 (what
+    TensorRT-LLM 1.2 pins, in NVIDIA's container) cannot load; ``PreTrainedTokenizerFast`` is the
+    same fast tokenizer to both."""
+    import json
+
+    path = folder / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    if cfg.get("tokenizer_class") == "TokenizersBackend":
+        cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+        path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
 def make_tiny_models(

@@ -78,6 +78,14 @@ def modelopt_config(fmt: str, kv_cache: str = "none", *, nvfp4_cpu: bool = False
     f = check_format(fmt)
     cfg = copy.deepcopy(getattr(mtq, f.modelopt_cfg))
     if nvfp4_cpu and fmt == "nvfp4":
+        from trtspec.quantize import nvfp4_cpu as backend  # lazy: imports torch
+
+        if not backend.register():
+            import modelopt
+
+            raise ConfigError("quantization.format", fmt, f"NVFP4 on CPU needs ModelOpt's custom quantization "
+                              f"backends, which ModelOpt {modelopt.__version__} does not have",
+                              fix="calibrate on a GPU, or install nvidia-modelopt 0.47 (pip install 'trtspec[quantize]')")
         # ModelOpt's NVFP4 fake-quant kernel is CUDA-only; route the dynamic-block rules to the
         # pure-torch port of that kernel (same numerics, see nvfp4_cpu.py)
         for rule in cfg["quant_cfg"]:

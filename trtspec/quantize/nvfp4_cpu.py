@@ -58,12 +58,16 @@ def _backend(inputs: torch.Tensor, quantizer) -> torch.Tensor:
     return nvfp4_fake_quant(inputs, amax.to(inputs.device), block)
 
 
-def register() -> None:
-    """Make the backend known to ModelOpt (idempotent)."""
-    from modelopt.torch.quantization.nn.modules.tensor_quantizer import (
-        is_registered_quant_backend,
-        register_quant_backend,
-    )
-
+def register() -> bool:
+    """Make the backend known to ModelOpt (idempotent); False where this ModelOpt has no custom
+    quantization backends (0.37, the TRT-LLM 1.2 container's: NVFP4 then needs a GPU)."""
+    try:
+        from modelopt.torch.quantization.nn.modules.tensor_quantizer import (  # lazy: ModelOpt's own API
+            is_registered_quant_backend,
+            register_quant_backend,
+        )
+    except ImportError:
+        return False
     if not is_registered_quant_backend(NVFP4_CPU_BACKEND):
         register_quant_backend(NVFP4_CPU_BACKEND, _backend)
+    return True

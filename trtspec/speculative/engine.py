@@ -490,7 +490,10 @@ class BackgroundEngine:
     returning ``False`` (client gone, cancelled) stops that request at the next step.
     """
 
-    def __init__(self, engine: Engine, *, max_queue: int = 1024, pick_threads: bool = True):
+    def __init__(self, engine: Engine, *, max_queue: int = 1024, pick_threads: bool = True, start: bool = True):
+        """``start=False``: no thread is started; the owner runs :meth:`run` on a thread of its own
+        (the engine worker process runs it on its main thread, where torch's parallel regions are
+        cheapest)."""
         self.engine = engine
         self.max_queue = max_queue
         self.pick_threads = pick_threads
@@ -502,9 +505,11 @@ class BackgroundEngine:
         self._stop = False
         self._ids = itertools.count(1)
         self._started = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="trtspec-engine", daemon=True)
-        self._thread.start()
-        self._started.wait(timeout=120)  # the thread count is picked before the first request
+        self._thread: threading.Thread | None = None
+        if start:
+            self._thread = threading.Thread(target=self.run, name="trtspec-engine", daemon=True)
+            self._thread.start()
+            self._started.wait(timeout=120)  # the thread count is picked before the first request
 
     def submit(
         self, prompt: list[int], params: SamplingParams, callback: Callback, draft_tokens: list[int] | None = None
@@ -525,7 +530,8 @@ class BackgroundEngine:
         with self._cv:
             self._stop = True
             self._cv.notify()
-        self._thread.join(timeout)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _deliver(self, ev: Event) -> None:
         cb = self._callbacks.get(ev.request.id)
@@ -546,7 +552,9 @@ class BackgroundEngine:
                 except Exception:  # noqa: BLE001
                     pass
 
-    def _loop(self) -> None:
+    def run(self, on_started: Callable[[], None] | None = None) -> None:
+        """The engine loop, on the calling thread, until :meth:`shutdown`; ``on_started`` is called
+        once the thread count is picked and the draft warmed up (before any request runs)."""
         try:
             if self.pick_threads:
                 self.threads = pick_thread_count(self.engine)
@@ -560,6 +568,8 @@ class BackgroundEngine:
             self.warm_up_error = one_line(e)
         finally:
             self._started.set()
+        if on_started is not None:
+            on_started()
         while True:
             with self._cv:
                 while not self._stop and not self._queue and not self.engine.active:

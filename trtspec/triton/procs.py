@@ -84,6 +84,32 @@ def stubs_of(server_pid: int) -> list[Stub]:
     return out
 
 
+WORKER_MODULE = b"trtspec.triton.backend.worker"
+
+
+def workers_of(stub_pid: int | None = None) -> list[int]:
+    """Live engine worker processes (``python -m trtspec.triton.backend.worker``): of the stub
+    ``stub_pid``, or every one on the machine when None."""
+    out = []
+    try:
+        names = os.listdir(PROC)
+    except OSError:
+        return out
+    for name in names:
+        if not name.isdigit():
+            continue
+        st = _stat(name)
+        if st is None or st[0] in ("Z", "X") or (stub_pid is not None and st[1] != stub_pid):
+            continue
+        try:
+            with open(f"{PROC}/{name}/cmdline", "rb") as f:
+                if WORKER_MODULE in f.read().split(b"\0"):
+                    out.append(int(name))
+        except OSError:
+            continue
+    return out
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead but not yet reaped, is not alive)."""
     st = _stat(str(pid))

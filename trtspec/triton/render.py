@@ -161,6 +161,7 @@ class ServingInputs:
     max_draft_len: int
     add_special_tokens: bool = False
     decoupled: bool = True  # serving.decoupled (NVIDIA's decoupled_mode)
+    engine_process: str = "worker"  # serving.engine_process (torch runtime)
     end_id: int = -1  # the target's EOS, as the engine uses it; -1 = unknown (the model's own applies)
     pad_id: int = -1
     max_prompt_bytes: int = 1_048_576  # preprocessing refuses a longer text_input before tokenizing
@@ -240,6 +241,7 @@ def inputs_from_recipe(
         probe_every=8,
         max_draft_len=recipe.max_draft_len,
         decoupled=recipe.serving.decoupled,
+        engine_process=recipe.serving.engine_process,
         end_id=end_id,
         pad_id=pad_id,
         runtime_spec=spec,
@@ -363,6 +365,7 @@ def torch_engine_plan(name: str, inp: ServingInputs, spec, served_by: str) -> Mo
         "max_queue_size": inp.max_queue_size,
         "decoupled": inp.decoupled,
         "exclude_input_in_output": False,
+        "engine_process": inp.engine_process,
     }, files={f"1/{RUNTIME_SPEC_FILE}": spec.to_json() + "\n"}, role=f"{served_by} engine (torch runtime)")
 
 

@@ -1,10 +1,11 @@
 """The ``tensorrt_llm`` python model of the torch runtime: our engine behind the tensorrtllm
 backend's tensors.
 
-``initialize`` builds the engine from the RuntimeSpec JSON beside the model and starts a
-:class:`BackgroundEngine` (continuous batching in one thread). ``execute`` only parses and
-submits; responses are sent from the engine thread, one per engine step when streaming, else one
-with every token. Every response carries the cumulative acceptance counters; the final one also
+``initialize`` starts the engine from the RuntimeSpec JSON beside the model: by default in a
+worker process of its own (:class:`~trtspec.triton.backend.worker.WorkerEngine`, serving.engine_process
+worker), else as a :class:`BackgroundEngine` thread of this stub (thread); both batch continuously.
+``execute`` only parses and submits; responses are sent as the engine's events arrive, one per
+engine step when streaming, else one with every token. Every response carries the cumulative acceptance counters; the final one also
 ``perf_json`` (RequestStats.to_dict()). A client that went away cancels its request at the next
 step, and so does a ``stop`` request carrying the same request id (how the ensemble's
 cancellations get here: ``trtspec.triton.backend.cancel``).
@@ -36,6 +37,7 @@ from trtspec.speculative.engine import BackgroundEngine
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
 from trtspec.triton.access import secret_from_env, verify_stop_id
 from trtspec.triton.backend.guard import check_draft_ids, check_sizes, is_fatal_device_error
+from trtspec.triton.backend.worker import WorkerEngine
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 TOKENS_PER_S_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000)
@@ -68,7 +70,7 @@ def engine_metric_specs(max_draft_len: int) -> list[tuple]:
     ]
 
 
-def finished_metric_ops(stats, cancelled: bool = False) -> list[tuple]:
+def finished_metric_ops(stats, cancelled: bool = False, rss: int | None = None) -> list[tuple]:
     ops = [
         ("increment", "trtspec_draft_tokens_total", stats.drafted, {}),
         ("increment", "trtspec_accepted_tokens_total", stats.accepted, {}),
@@ -77,7 +79,7 @@ def finished_metric_ops(stats, cancelled: bool = False) -> list[tuple]:
         ("observe", "trtspec_draft_seconds", stats.draft_s, {}),
         ("observe", "trtspec_verify_seconds", stats.verify_s, {}),
         ("observe", "trtspec_queue_seconds", stats.queue_s, {}),
-        ("set", "trtspec_resident_memory_bytes", resident_bytes(), {}),
+        ("set", "trtspec_resident_memory_bytes", rss or resident_bytes(), {}),
         ("increment", "trtspec_inflight_requests", -1, {}),
     ]
     if cancelled:
@@ -210,7 +212,7 @@ class _Stream:
         if self.group.failed:
             if ev.finished:
                 self.group.finish_one()
-                self.model.metrics.apply(finished_metric_ops(ev.stats, True))
+                self.model.metrics.apply(finished_metric_ops(ev.stats, True, getattr(ev, "rss", None)))
             return False
         if ev.new_tokens:
             self.last_token_ns = time.time_ns()
@@ -222,7 +224,8 @@ class _Stream:
         counters = self.counters(ev.stats)
         perf = self.perf_json(ev.stats) if ev.finished else ""
         if ev.finished:  # before the final response: a client that reads /metrics next sees this request
-            self.model.metrics.apply(finished_metric_ops(ev.stats, ev.finish_reason == "cancelled"))
+            self.model.metrics.apply(finished_metric_ops(ev.stats, ev.finish_reason == "cancelled",
+                                                         getattr(ev, "rss", None)))
         final = ev.finished and self.group.finish_one()
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         if self.req.streaming:  # new tokens only, never the prompt (as TRT-LLM streams)
@@ -265,24 +268,34 @@ class EngineModel:
         self.exclude_input_default = p.get("exclude_input_in_output", "true").lower() == "true"
         spec_path = pathlib.Path(args["model_repository"]) / args["model_version"] / p["runtime_spec"]
         spec = RuntimeSpec.from_json(spec_path.read_text())
-        self.engine = build_engine(spec)
-        self.background = BackgroundEngine(self.engine, max_queue=int(p.get("max_queue_size") or 0) or 1024)
+        max_queue = int(p.get("max_queue_size") or 0) or 1024
+        self.engine_process = p.get("engine_process", "thread")
+        if self.engine_process == "worker":
+            # the engine in its own process (trtspec.triton.backend.worker): weights load there only
+            self.engine = None
+            self.background = WorkerEngine(spec_path.read_text(), max_queue=max_queue, on_death=self.worker_died)
+            vocab_size, max_seq_len = self.background.info["vocab_size"], self.background.info["max_seq_len"]
+            device = f"{self.background.info['device']}, worker process {self.background.pid}"
+        else:
+            self.engine = build_engine(spec)
+            self.background = BackgroundEngine(self.engine, max_queue=max_queue)
+            vocab_size, max_seq_len, device = self.engine.target.args.vocab_size, self.engine.max_seq_len, self.engine.device
         # the lead adds external drafts to submit(); until then draft_input_ids is refused clearly
         self.external_drafts = "draft_tokens" in inspect.signature(self.background.submit).parameters
         # request id → its streams in flight, for stop requests (ids are the client's: may repeat)
         self.by_id: dict[str, list[_Stream]] = {}
         self.by_id_lock = threading.Lock()
         # what a request may send (trtspec.triton.backend.guard): checked before anything is converted
-        self.vocab_size = int(self.engine.target.args.vocab_size)
+        self.vocab_size = int(vocab_size)
         self.max_draft_len = int(spec.max_draft_len)
-        self.max_seq_len = int(self.engine.max_seq_len)
+        self.max_seq_len = int(max_seq_len)
         self.secret = secret_from_env()  # stop requests must be signed with it (trtspec.triton.access)
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
         self.pb.Logger.log_info(
             f"{self.name}: torch runtime ready (method {spec.method}, target {spec.target}, "
-            f"max_batch_size {spec.max_batch_size}, device {self.engine.device}"
-            + (f", engine thread: {self.background.threads['threads']} torch thread(s) of "
+            f"max_batch_size {spec.max_batch_size}, device {device}"
+            + (f", engine loop: {self.background.threads['threads']} torch thread(s) of "
                f"{self.background.threads['configured']}, the faster here" if self.background.threads else "")
             + ")")
         if self.background.warm_up_error:
@@ -384,6 +397,16 @@ class EngineModel:
         self.pb.Logger.log_error(f"{self.name}: fatal device error, exiting the stub for a reload: {why}")
         threading.Timer(0.5, os._exit, (70,)).start()
 
+    def worker_died(self, why: str) -> None:
+        """The engine worker process died (every request in flight already got an error): end the
+        stub too, so the watchdog reloads the model as it does for a dead stub."""
+        if getattr(self, "_exiting", False) or getattr(self, "_finalizing", False):
+            return
+        self._exiting = True
+        self.pb.Logger.log_error(f"{self.name}: {why}; exiting the stub for a reload")
+        threading.Timer(0.5, os._exit, (71,)).start()
+
     def finalize(self) -> None:
         # cancels what is still running; each request gets its final response
+        self._finalizing = True
         self.background.shutdown()

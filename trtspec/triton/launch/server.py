@@ -137,6 +137,8 @@ def server_env(base: dict[str, str] | None = None) -> dict[str, str]:
         old = env.get("LD_LIBRARY_PATH")
         env["LD_LIBRARY_PATH"] = libdir + (os.pathsep + old if old else "")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # the torch runtime's engine worker processes start with this interpreter (it has trtspec)
+    env.setdefault("TRTSPEC_WORKER_PYTHON", sys.executable)
     # With no locale (C/POSIX) the embedded Python of the stubs decodes files as ASCII, and
     # torch/modelopt imports read UTF-8 sources: give the stubs a UTF-8 locale (PYTHONUTF8 alone
     # is not honoured by the embedded interpreter).
