@@ -240,9 +240,9 @@ def _rss() -> int:
 def serve(conn: Connection) -> int:
     """Build the engine from the first frame's RuntimeSpec, then run it until told to stop (or the
     stub is gone)."""
-    from trtspec.speculative.engine import BackgroundEngine
-    from trtspec.speculative.runtime import build_engine
-    from trtspec.speculative.spec import RuntimeSpec
+    from trtspec.speculative.engine import BackgroundEngine  # lazy: torch, in the worker only (the stub side needs none)
+    from trtspec.speculative.runtime import build_engine  # lazy: as above
+    from trtspec.speculative.spec import RuntimeSpec  # lazy: as above
 
     kind, spec_json, max_queue = conn.recv()
     try:
@@ -313,6 +313,6 @@ def main(argv: list[str] | None = None) -> int:
 if __name__ == "__main__":
     # run from the module under its own name (not __main__): the WireEvent frames must unpickle
     # as trtspec.triton.backend.worker.WireEvent in the stub
-    from trtspec.triton.backend.worker import main as _main
+    from trtspec.triton.backend.worker import main as _main  # lazy: the module under its own name, not __main__
 
     sys.exit(_main())
