@@ -17,13 +17,12 @@ import importlib.util
 import json
 import os
 import pathlib
-import signal
 import subprocess
-import threading
 
 import pytest
 
 from tests.conftest import REPO
+from tests.serve_process import serve_process
 
 _spec = importlib.util.spec_from_file_location("measure_extras", REPO / "scripts" / "measure_extras.py")
 measure_extras = importlib.util.module_from_spec(_spec)
@@ -106,28 +105,11 @@ def test_bench_from_client_wheel_against_server_from_all_wheel(client_venv, all_
         _run(client_venv, "package", f"recipes/{RECIPE}.yaml", "-o", "repo", cwd=outside)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV"))}
     env["PATH"] = f"{all_venv / 'bin'}:{env.get('PATH', '')}"
-    log = open(outside / "serve.log", "w")
-    proc = subprocess.Popen([str(all_venv / "bin" / "trtspec"), "serve", str(repo), "--json", "--no-watchdog",
-                             "--ready-timeout", "240"], cwd=outside, env=env, stdout=subprocess.PIPE, stderr=log,
-                            text=True, start_new_session=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(300)
-    try:
-        assert lines and lines[0].strip(), f"serve did not become ready: {(outside / 'serve.log').read_text()[-3000:]}"
-        grpc = json.loads(lines[0])["grpc"]
-        _run(client_venv, "bench", "--url", grpc, "--prompts", "builtin:code", "--num-prompts", "2",
+    cmd = [str(all_venv / "bin" / "trtspec"), "serve", str(repo), "--json", "--no-watchdog", "--ready-timeout", "240"]
+    with serve_process(cmd, outside / "serve.log", cwd=outside, env=env) as (info, proc):
+        _run(client_venv, "bench", "--url", info["grpc"], "--prompts", "builtin:code", "--num-prompts", "2",
              "--concurrency", "1", "--requests", "4", "--warmup", "1", "--output-len", "16",
              "--tokenizer", str(tiny_models[0]), "-o", "bench-out", cwd=outside, timeout=600)
         report = json.loads((outside / "bench-out" / "report.json").read_text())
         assert report
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        log.close()
     assert proc.returncode == 0, (outside / "serve.log").read_text()[-3000:]

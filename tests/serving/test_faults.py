@@ -351,21 +351,23 @@ def _reloaded(deployment, model: str, since: int) -> float:
     return next(e.seconds for e in deployment.server.watchdog.events[since:] if e.kind == "reloaded" and e.model == model)
 
 
-def test_engine_stub_killed_mid_stream(deployment, reference):
+def _killed_mid_stream(deployment, reference, kill, match: str) -> dict:
+    """Stream a long request through ``ensemble`` and call ``kill()`` at its third chunk, with
+    bystanders on the baseline; then wait for the watchdog's reload of ``tensorrt_llm`` and for the
+    first request it serves again. Returns the error, the timings and that request's reply."""
     events = len(deployment.server.watchdog.events)
     reloads = deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm")
     killed = []
-    orphaned = workers_of(deployment.stub("tensorrt_llm_0_0"))  # the dead stub's worker must exit with it
 
     def kill_on_third(ch):
         if len(killed) < 3:
             killed.append(ch)
             if len(killed) == 3:
-                os.kill(deployment.stub("tensorrt_llm_0_0"), signal.SIGKILL)
+                kill()
                 killed.append(time.monotonic())
 
     with Bystanders(deployment.url, reference, model="ensemble_baseline"), LLMClient(deployment.url) as c:
-        with pytest.raises(InferenceFailed, match="'tensorrt_llm' model's python stub exited") as e:
+        with pytest.raises(InferenceFailed, match=match) as e:
             c.generate(PROMPTS[0], Sampling(max_tokens=LONG), on_chunk=kill_on_third, timeout_s=60)
         failed_after = time.monotonic() - killed[3]
         reload_s = _reloaded(deployment, "tensorrt_llm", events)
@@ -381,48 +383,30 @@ def test_engine_stub_killed_mid_stream(deployment, reference):
     assert r.token_ids == reference[PROMPTS[0]]
     assert [ev.kind for ev in deployment.server.watchdog.events[events:]][:2] == ["unhealthy", "reloaded"]
     assert deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm") == reloads + 1
+    return {"client_error_s": round(failed_after, 2), "reload_s": round(reload_s, 1),
+            "serving_again_s": round(recovered, 1)}
+
+
+def test_engine_stub_killed_mid_stream(deployment, reference):
+    stub = deployment.stub("tensorrt_llm_0_0")
+    orphaned = workers_of(stub)  # the dead stub's worker must exit with it
+    timings = _killed_mid_stream(deployment, reference, lambda: os.kill(stub, signal.SIGKILL),
+                                 "'tensorrt_llm' model's python stub exited")
     assert len(orphaned) == 1 and not alive(orphaned[0])  # EOF on its socket: the worker exited
-    report(fault="engine stub killed", client_error_s=round(failed_after, 2), reload_s=round(reload_s, 1),
-           serving_again_s=round(recovered, 1))
+    report(fault="engine stub killed", **timings)
 
 
 def test_engine_worker_killed_mid_stream(deployment, reference):
     """serving.engine_process worker: the engine's own process dies mid-stream. The stub sees it at
     once (EOF on its socket), fails the request, exits; the watchdog reloads the model as for a
     dead stub, and the reloaded model serves the same greedy output from a new worker."""
-    events = len(deployment.server.watchdog.events)
-    reloads = deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm")
     stub = deployment.stub("tensorrt_llm_0_0")
     (worker,) = workers_of(stub)
-    killed = []
-
-    def kill_on_third(ch):
-        if len(killed) < 3:
-            killed.append(ch)
-            if len(killed) == 3:
-                os.kill(worker, signal.SIGKILL)
-                killed.append(time.monotonic())
-
-    with Bystanders(deployment.url, reference, model="ensemble_baseline"), LLMClient(deployment.url) as c:
-        with pytest.raises(InferenceFailed, match="engine worker process exited") as e:
-            c.generate(PROMPTS[0], Sampling(max_tokens=LONG), on_chunk=kill_on_third, timeout_s=60)
-        failed_after = time.monotonic() - killed[3]
-        reload_s = _reloaded(deployment, "tensorrt_llm", events)
-        recovered = None
-        while recovered is None:
-            try:
-                r = c.generate(PROMPTS[0], Sampling(max_tokens=MAX_TOKENS), timeout_s=60)
-                recovered = time.monotonic() - killed[3]
-            except InferenceFailed:
-                time.sleep(0.2)
-    assert len(e.value.partial.chunks) >= 3
-    assert failed_after < 3.0
-    assert r.token_ids == reference[PROMPTS[0]]
+    timings = _killed_mid_stream(deployment, reference, lambda: os.kill(worker, signal.SIGKILL),
+                                 "engine worker process exited")
     new_stub = deployment.stub("tensorrt_llm_0_0")
     assert new_stub != stub and len(workers_of(new_stub)) == 1 and workers_of(new_stub)[0] != worker
-    assert deployment.metric("trtspec_watchdog_reloads_total", "tensorrt_llm") == reloads + 1
-    report(fault="engine worker killed", client_error_s=round(failed_after, 2), reload_s=round(reload_s, 1),
-           serving_again_s=round(recovered, 1))
+    report(fault="engine worker killed", **timings)
 
 
 def test_no_engine_worker_outlives_its_server(deployment, tmp_path):

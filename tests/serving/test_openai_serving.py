@@ -9,11 +9,7 @@ One server for the module, started as a user starts it: `trtspec serve REPO --op
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import threading
 
 import openai
 import pytest
@@ -25,6 +21,7 @@ from trtspec.client import LLMClient, Sampling
 from trtspec.config import parse_recipe
 from trtspec.openai_api import relay_for_repository
 from trtspec.triton.render import package
+from tests.serve_process import serve_process
 
 MAX_TOKENS = 24
 PROMPTS = [
@@ -55,23 +52,8 @@ def served(tiny_models, tmp_path_factory):
     package(parse_recipe(tiny_recipe(*tiny_models)), root / "repo")
     cmd = [sys.executable, "-m", "trtspec.cli", "serve", str(root / "repo"), "--openai-port", "0",
            "--chat-template", "plain", "--json", "--no-watchdog", "--ready-timeout", "240"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(root / "serve.log", "w"), text=True,
-                            start_new_session=True)
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.append(proc.stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(300)
-    try:
-        assert lines and lines[0].strip(), f"serve did not become ready: {(root / 'serve.log').read_text()[-2000:]}"
-        info = json.loads(lines[0])
+    with serve_process(cmd, root / "serve.log") as (info, _):
         yield {**info, "repo": root / "repo"}
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 @pytest.fixture(scope="module")

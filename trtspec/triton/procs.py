@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from typing import Iterator
 
 PROC = "/proc"
 STUB_BINARY = "triton_python_backend_stub"
@@ -61,27 +62,30 @@ def parse_stub_cmdline(pid: int, cmdline: bytes) -> Stub | None:
     return Stub(pid=pid, instance=instance, model_py=args[1])
 
 
-def stubs_of(server_pid: int) -> list[Stub]:
-    """Live stub processes whose parent is ``server_pid`` (zombies count as dead)."""
-    out = []
+def _live_children(parent: int | None) -> Iterator[tuple[int, bytes]]:
+    """(pid, command line) of each live process whose parent is ``parent`` (any parent when None);
+    zombies count as dead."""
     try:
         names = os.listdir(PROC)
     except OSError:
-        return out
+        return
     for name in names:
         if not name.isdigit():
             continue
         st = _stat(name)
-        if st is None or st[1] != server_pid or st[0] in ("Z", "X"):
+        if st is None or st[0] in ("Z", "X") or (parent is not None and st[1] != parent):
             continue
         try:
             with open(f"{PROC}/{name}/cmdline", "rb") as f:
-                stub = parse_stub_cmdline(int(name), f.read())
+                yield int(name), f.read()
         except OSError:
             continue
-        if stub is not None:
-            out.append(stub)
-    return out
+
+
+def stubs_of(server_pid: int) -> list[Stub]:
+    """Live stub processes whose parent is ``server_pid``."""
+    return [stub for pid, cmdline in _live_children(server_pid)
+            if (stub := parse_stub_cmdline(pid, cmdline)) is not None]
 
 
 WORKER_MODULE = b"trtspec.triton.backend.worker"
@@ -90,24 +94,7 @@ WORKER_MODULE = b"trtspec.triton.backend.worker"
 def workers_of(stub_pid: int | None = None) -> list[int]:
     """Live engine worker processes (``python -m trtspec.triton.backend.worker``): of the stub
     ``stub_pid``, or every one on the machine when None."""
-    out = []
-    try:
-        names = os.listdir(PROC)
-    except OSError:
-        return out
-    for name in names:
-        if not name.isdigit():
-            continue
-        st = _stat(name)
-        if st is None or st[0] in ("Z", "X") or (stub_pid is not None and st[1] != stub_pid):
-            continue
-        try:
-            with open(f"{PROC}/{name}/cmdline", "rb") as f:
-                if WORKER_MODULE in f.read().split(b"\0"):
-                    out.append(int(name))
-        except OSError:
-            continue
-    return out
+    return [pid for pid, cmdline in _live_children(stub_pid) if WORKER_MODULE in cmdline.split(b"\0")]
 
 
 def alive(pid: int) -> bool:
