@@ -36,7 +36,7 @@ from trtspec.client import AsyncLLMClient, Sampling, ServerRequestError  # noqa:
 from trtspec.config import load_recipe  # noqa: E402
 from trtspec.prompts import load_prompts  # noqa: E402
 from trtspec.acceptance import percentile  # noqa: E402
-from trtspec.triton.procs import rss_bytes, stubs_of  # noqa: E402
+from trtspec.triton.procs import rss_bytes, stubs_of, workers_of  # noqa: E402
 from trtspec.triton.render import package  # noqa: E402
 from trtspec.triton.launch.server import server_for_repository  # noqa: E402
 from trtspec.triton.launch.watchdog import WatchdogSettings  # noqa: E402
@@ -72,6 +72,8 @@ class Memory:
         procs = {"tritonserver": rss_bytes(self.server_pid) or 0}
         for s in stubs_of(self.server_pid):
             procs[s.instance] = rss_bytes(s.pid) or 0
+            for w in workers_of(s.pid):  # the torch engine's own process (serving.engine_process worker)
+                procs[f"{s.instance}/worker"] = rss_bytes(w) or 0
         procs["total"] = sum(procs.values())
         self.samples.append((t, procs))
 
