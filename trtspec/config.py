@@ -497,9 +497,9 @@ def quantized_kernels_for(fmt: str, device: str, choice: str = "native") -> str:
     emulated = "ModelOpt fake-quant (emulated: quantized values, fp matmuls)"
     if choice == "emulated":
         return emulated
-    devices = ("cpu", "cuda") if device == "auto" else (device,)
-    return "; ".join(f"{d}: {NATIVE_KERNELS.get((fmt, d), emulated)}" for d in devices) if len(devices) > 1 \
-        else NATIVE_KERNELS.get((fmt, devices[0]), emulated)
+    if device != "auto":
+        return NATIVE_KERNELS.get((fmt, device), emulated)
+    return "; ".join(f"{d}: {NATIVE_KERNELS.get((fmt, d), emulated)}" for d in ("cpu", "cuda"))
 
 
 class Limits(Strict):

@@ -14,6 +14,7 @@ the same settings returns the existing folders (their manifest records the setti
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import pathlib
@@ -290,8 +291,6 @@ def portable_tokenizer_config(folder: pathlib.Path) -> None:
     """transformers 5 saves ``tokenizer_class: TokenizersBackend``, which transformers 4.57 (what
     TensorRT-LLM 1.2 pins, in NVIDIA's container) cannot load; ``PreTrainedTokenizerFast`` is the
     same fast tokenizer to both."""
-    import json
-
     path = folder / "tokenizer_config.json"
     cfg = json.loads(path.read_text())
     if cfg.get("tokenizer_class") == "TokenizersBackend":

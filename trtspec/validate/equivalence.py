@@ -15,12 +15,12 @@ token (no speculation: a control); later positions come from verification steps.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from trtspec.client.client import AsyncLLMClient
+from trtspec.client.loadgen import run_all
 from trtspec.client.types import GenerationResult, Sampling
 from trtspec.validate.distribution import chi_square_homogeneity, pooled_total_variation
 
@@ -158,14 +158,7 @@ async def _map(fn, items: list, concurrency: int, on_done: Callable[[], None] | 
             if on_done:
                 on_done()
 
-    tasks = [asyncio.create_task(worker()) for _ in range(max(1, min(concurrency, len(items))))]
-    try:
-        await asyncio.gather(*tasks)
-    except BaseException:
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        raise
+    await run_all(worker() for _ in range(max(1, min(concurrency, len(items)))))
     return out
 
 

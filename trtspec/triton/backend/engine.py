@@ -391,20 +391,21 @@ class EngineModel:
         """A fatal device error: every later request would fail while the stub looks alive, so end
         the stub (after the other requests of this step got their errors) and let the watchdog
         reload the model."""
-        if getattr(self, "_exiting", False):
-            return
-        self._exiting = True
-        self.pb.Logger.log_error(f"{self.name}: fatal device error, exiting the stub for a reload: {why}")
-        threading.Timer(0.5, os._exit, (70,)).start()
+        self._end_for_reload(f"fatal device error, exiting the stub for a reload: {why}", 70)
 
     def worker_died(self, why: str) -> None:
         """The engine worker process died (every request in flight already got an error): end the
         stub too, so the watchdog reloads the model as it does for a dead stub."""
-        if getattr(self, "_exiting", False) or getattr(self, "_finalizing", False):
+        if not getattr(self, "_finalizing", False):
+            self._end_for_reload(f"{why}; exiting the stub for a reload", 71)
+
+    def _end_for_reload(self, message: str, code: int) -> None:
+        """Log ``message`` and exit the stub with ``code`` half a second later (once)."""
+        if getattr(self, "_exiting", False):
             return
         self._exiting = True
-        self.pb.Logger.log_error(f"{self.name}: {why}; exiting the stub for a reload")
-        threading.Timer(0.5, os._exit, (71,)).start()
+        self.pb.Logger.log_error(f"{self.name}: {message}")
+        threading.Timer(0.5, os._exit, (code,)).start()
 
     def finalize(self) -> None:
         # cancels what is still running; each request gets its final response

@@ -38,6 +38,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from trtspec.errors import TrtspecError, one_line
+from trtspec.triton.backend.common import resident_bytes
 
 PYTHON_ENV = "TRTSPEC_WORKER_PYTHON"  # the interpreter to start workers with (set by trtspec's launcher)
 START_TIMEOUT_S = 600.0
@@ -229,14 +230,6 @@ class WorkerEngine:
 # the worker process
 
 
-def _rss() -> int:
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
 def serve(conn: Connection) -> int:
     """Build the engine from the first frame's RuntimeSpec, then run it until told to stop (or the
     stub is gone)."""
@@ -262,7 +255,7 @@ def serve(conn: Connection) -> int:
     def callback_for(rid: int):
         def on_event(ev) -> bool | None:
             send(("event", rid, WireEvent(ev.new_tokens, ev.finished, ev.finish_reason, ev.stats, ev.new_logprobs,
-                                          _rss() if ev.finished else None)))
+                                          resident_bytes() if ev.finished else None)))
             if ev.finished:
                 cancelled.discard(rid)
                 return None
