@@ -11,6 +11,7 @@ Relative paths in a recipe are resolved against the recipe file's folder.
 from __future__ import annotations
 
 import pathlib
+import re
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 import yaml
@@ -532,6 +533,20 @@ class Limits(Strict):
         return self.tensor_parallel_size * self.pipeline_parallel_size
 
 
+class ServingTls(Strict):
+    """gRPC over TLS (Triton's ``--grpc-use-ssl[-mutual]``); paths are relative to the recipe.
+    HTTP has no TLS in Triton 2.51: under TLS trtspec binds it to 127.0.0.1 (docs/security.md)."""
+
+    cert: str = Field(description="the server's certificate (chain), PEM")
+    key: str = Field(description="the server's private key, PEM")
+    ca: str | None = Field(None, description="mutual TLS: clients must present a certificate this CA signed")
+    server_ca: str | None = Field(
+        None, description="what trtspec's own clients of the server (router relay, watchdog, OpenAI relay) verify "
+        "its certificate with; default ca, else cert (self-signed)")
+    server_name: str | None = Field(
+        None, description="the name those clients check in the certificate; default its first DNS name")
+
+
 class Serving(Strict):
     host: str = "127.0.0.1"
     grpc_port: int = Field(0, ge=0, le=65535, description="0 = pick a free port")
@@ -562,6 +577,18 @@ class Serving(Strict):
         "worker", description="torch runtime: where a served engine runs. worker: its own process, loop on its "
         "main thread (torch's CPU kernels run as in-process; the python stub relays; docs/serving.md); "
         "thread: a thread of the python stub (the weights in the stub; ~0.2 ms more per parallel region)")
+    tls: ServingTls | None = Field(None, description="gRPC over TLS, end to end (serve --tls-* override it)")
+    require_header: str | None = Field(
+        None, description="a header every inference/metadata call must carry (a gateway adds it); its value comes "
+        "from $TRTSPEC_REQUIRED_HEADER_VALUE at serve time, never from the recipe (serve --require-header)")
+
+    @field_validator("require_header")
+    @classmethod
+    def _require_header(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,63}", v):
+            raise ValueError(f"{v!r} is not a usable header name: lower-case letters, digits and '-' "
+                             "(e.g. x-gateway-key)")
+        return v
 
 
 class Sampling(Strict):
@@ -821,6 +848,10 @@ def _resolve_paths(recipe: Recipe, base: pathlib.Path) -> Recipe:
     for key in ("draft", "head"):
         if hasattr(spec, key):
             update["speculation"] = spec.model_copy(update={key: _resolve_spec(getattr(spec, key), base)})
+    tls = recipe.serving.tls
+    if tls is not None:
+        files = {k: _resolve(base, getattr(tls, k)) for k in ("cert", "key", "ca", "server_ca")}
+        update["serving"] = recipe.serving.model_copy(update={"tls": tls.model_copy(update=files)})
     val = recipe.validation
     if not val.prompts.startswith("builtin:"):
         update["validation"] = val.model_copy(update={"prompts": _resolve(base, val.prompts)})

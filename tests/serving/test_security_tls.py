@@ -72,5 +72,6 @@ def test_tls_files_are_checked_and_the_router_relays_over_bls_under_tls(tmp_path
     with pytest.raises(ConfigError, match="--tls-cert"):
         TlsSettings(str(tmp_path / "missing.pem"), str(tmp_path / "k")).check()
     argv = ["tritonserver", "--grpc-port=9", "--grpc-use-ssl=true"]
-    assert _relay_mode("auto", argv) == ("bls", "the server's gRPC uses TLS")
+    assert _relay_mode("auto", argv)[0] == "bls" and "TLS" in _relay_mode("auto", argv)[1]
+    assert _relay_mode("auto", argv, tls=True) == ("grpc", "127.0.0.1:9")
     assert _relay_mode("auto", ["tritonserver", "--grpc-port=9"])[0] in ("grpc", "bls")

@@ -9,7 +9,8 @@ import sys
 import click
 
 from trtspec.openai_api import relay_for_repository
-from trtspec.triton.access import TlsSettings, exposure_warning
+from trtspec.client.targets import ClientOptions, TLSOptions
+from trtspec.triton.access import RequiredHeader, TlsSettings, exposure_warning
 from trtspec.triton.launch.mpi import planned_launch, with_repository_layout
 from trtspec.triton.launch.server import StopRequested, StopSignals, server_for_repository
 from trtspec.triton.launch.watchdog import WatchdogSettings
@@ -47,15 +48,26 @@ from trtspec.cli.common import err, handle_errors, out
               help="Jinja chat template for /v1/chat/completions when the tokenizer has none (a file), or "
                    "'plain' (role: content lines, then 'assistant:').")
 @click.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
-              help="gRPC over TLS: the server certificate (PEM); needs --tls-key. HTTP stays plaintext.")
+              help="gRPC over TLS (default: serving.tls of the repository's recipe): the server certificate (PEM); "
+                   "needs --tls-key. Triton's HTTP has no TLS: it then binds to 127.0.0.1.")
 @click.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="gRPC over TLS: the server key (PEM).")
 @click.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
               help="Mutual TLS: clients must present a certificate this CA signed (PEM).")
+@click.option("--tls-server-ca", type=click.Path(dir_okay=False), default=None,
+              help="What the server's own clients (router relay, watchdog, OpenAI relay) verify its certificate "
+                   "with (default: --tls-ca, else --tls-cert as self-signed).")
+@click.option("--tls-server-name", default=None,
+              help="The name those clients check in the certificate (default: its first DNS name).")
+@click.option("--require-header", default=None, metavar="NAME",
+              help="Every inference/metadata call must carry header NAME with the value of "
+                   "$TRTSPEC_REQUIRED_HEADER_VALUE (a gateway adds it; gRPC: triton-grpc-protocol-NAME). "
+                   "Default: serving.require_header. Health stays open.")
 @handle_errors
 def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
           ready_timeout: float | None, as_json: bool, dry_run: bool, no_watchdog: bool, probe_every: float,
           load_timeout: float, port_preset: str | None, openai_port: int | None, chat_template: str | None,
-          tls_cert: str | None, tls_key: str | None, tls_ca: str | None) -> None:
+          tls_cert: str | None, tls_key: str | None, tls_ca: str | None, tls_server_ca: str | None,
+          tls_server_name: str | None, require_header: str | None) -> None:
     """Serve a model repository with tritonserver until Ctrl-C, SIGTERM or SIGHUP.
 
     Uses the tritonserver on PATH (NVIDIA's container) or the one in nvidia-pytriton==0.7.0.
@@ -69,8 +81,8 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     """
     if not dry_run:  # the python-backend models (router relay, tokenizers) run in the server's stubs
         require_extra("serve", ("numpy", "tritonclient", "tokenizers"), "trtspec serve")
-    if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
-        raise click.UsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
+    if (tls_cert is None) != (tls_key is None) or (tls_cert is None and (tls_ca or tls_server_ca or tls_server_name)):
+        raise click.UsageError("--tls-cert and --tls-key go together (and the other --tls-* options need them)")
     watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
                                                          load_timeout_s=load_timeout)
     if port_preset is not None:  # Triton's own defaults, or 0 = free; explicit ports win
@@ -82,7 +94,8 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     server = with_repository_layout(server_for_repository(
         repo, host=host, grpc_port=grpc_port, http_port=http_port, metrics_port=metrics_port,
         ready_timeout=ready_timeout, watchdog=watchdog,
-        tls=TlsSettings(tls_cert, tls_key, tls_ca) if tls_cert else None,
+        tls=TlsSettings(tls_cert, tls_key, tls_ca, tls_server_ca, tls_server_name) if tls_cert else None,
+        required_header=RequiredHeader.from_env(require_header) if require_header else None,
         on_watchdog_event=lambda ev: err.print(str(ev), markup=False)))
     if dry_run:
         plan = planned_launch(server)
@@ -111,21 +124,25 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port:
     with server, contextlib.ExitStack() as relay_stack:
         signals.serving = True  # ready: from here a signal means "drain and stop", exit 0
         e = server.endpoints
-        exposed = exposure_warning(e.host, e.grpc_port, e.http_port, e.metrics_port, tls=server.tls is not None)
+        exposed = exposure_warning(e.host, e.grpc_port, e.http_port, e.metrics_port, tls=server.tls is not None,
+                                   required_header=server.required_header)
         if exposed:
             err.print(f"warning: {exposed}", markup=False, highlight=False, style="yellow")
         relay = None
         if openai_port is not None:  # stopped (by the ExitStack) before the server
+            url, options = _internal_client_options(server)
             relay = relay_stack.enter_context(relay_for_repository(
-                repo, e.grpc, host=e.host, port=openai_port, chat_template=chat_template))
+                repo, url, host=e.host, port=openai_port, chat_template=chat_template, client_options=options))
         if as_json:
             click.echo(json.dumps({**e.to_dict(), **({"openai": relay.url} if relay else {}),
                                    "log": str(server.log_path), "watchdog": server.watchdog is not None}), nl=True)
             sys.stdout.flush()
         else:
             out.print(f"[green]ready[/]: {repo}")
-            out.print(f"  gRPC     {e.grpc}")
+            out.print(f"  gRPC     {'grpcs://' + e.grpc + '  (TLS)' if server.tls is not None else e.grpc}")
             out.print(f"  HTTP     {e.http}")
+            if server.required_header is not None:
+                out.print(f"  header   {server.required_header.name} required on inference/metadata calls")
             out.print(f"  metrics  {e.metrics}")
             if relay is not None:
                 out.print(f"  OpenAI   {relay.url}  (/models, /completions, /chat/completions)")
@@ -138,3 +155,13 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port:
             out.print("[dim]Ctrl-C to stop[/]")
         server.serve_forever(signals)
         err.print("stopping (draining in-flight requests) ...")
+
+
+def _internal_client_options(server) -> tuple[str, ClientOptions]:
+    """The OpenAI relay is a client of the server's gRPC port like the router's relay: TLS and
+    the required header as the launcher set them."""
+    ic = server.internal_client
+    if ic.tls is None:
+        return server.endpoints.grpc, ClientOptions(headers=ic.headers)
+    tls = TLSOptions(ca=ic.tls.root, cert=ic.tls.cert, key=ic.tls.key, server_name=ic.tls.server_name)
+    return "grpcs://" + server.endpoints.grpc, ClientOptions(tls=tls, headers=ic.headers)

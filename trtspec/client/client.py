@@ -203,7 +203,7 @@ class AsyncLLMClient:
             tls = self.options.tls
             self._client = aio.InferenceServerClient(
                 self.address, ssl=self.target.tls, root_certificates=tls.ca, private_key=tls.key,
-                certificate_chain=tls.cert)
+                certificate_chain=tls.cert, channel_args=tls.channel_args())
         return self._client
 
     async def close(self) -> None:
@@ -236,6 +236,12 @@ class AsyncLLMClient:
                         and "socket closed" in str(last).lower() and await speaks_tls(self.target.host, self.target.port):
                     raise TLSMismatch("the server dropped a plaintext connection and speaks TLS", url=self.url,
                                       fix=f"use --url grpcs://{self.address} (--tls-ca CA.pem for a private CA)")
+                if isinstance(last, ServerUnavailable) and self.target.tls and "socket closed" in str(last).lower():
+                    raise TLSMismatch("the server closed the TLS handshake"
+                                      + ("" if self.options.tls.cert else ": it may require a client certificate"),
+                                      url=self.url,
+                                      fix="mutual TLS: pass --tls-cert CERT.pem --tls-key KEY.pem signed by the "
+                                          "server's client CA; else check --tls-ca and the server's log")
                 if not isinstance(last, ServerUnavailable) or isinstance(last, (TLSMismatch, AuthRejected)):
                     raise last from None
             if time.monotonic() + delay > deadline:

@@ -124,7 +124,12 @@ def classify(status: str | None, message: str, *, url: str | None, model: str | 
     msg = short_message(message)
     low = msg.lower()
     kw = dict(url=url, model=model, status=status, server_message=message)
-    if "ssl" in low or "handshake" in low or "certificate" in low or "tls" in low.split():
+    if "hostname verification" in low:
+        return TLSMismatch(f"the server's certificate does not name the host in the URL: {msg}", **kw,
+                           fix="connect by a name the certificate has, or check it under another name "
+                               "(--tls-server-name NAME; TLSOptions.server_name)")
+    if "ssl" in low or "handshake" in low or "certificate" in low or "tls" in low.split() \
+            or "verification check failed" in low:
         return TLSMismatch(f"TLS handshake failed: {msg}", **kw,
                            fix="match the server: grpcs:// / https:// for a TLS server (plain grpc:// / http:// "
                                "otherwise); --tls-ca for a private CA; --tls-cert/--tls-key if it asks for a "

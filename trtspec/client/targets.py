@@ -21,6 +21,7 @@ import os
 import re
 import ssl
 from dataclasses import dataclass
+from typing import Any
 
 from trtspec.errors import ConfigError
 
@@ -90,11 +91,14 @@ def parse_target(url: str) -> Target:
 @dataclass(frozen=True)
 class TLSOptions:
     """PEM files: ``ca`` verifies the server (default: the system's roots); ``cert`` + ``key``
-    identify the client (mutual TLS)."""
+    identify the client (mutual TLS). ``server_name``: the name to check in the server's
+    certificate instead of the URL's host (gRPC; e.g. connecting by IP to a certificate for a
+    DNS name)."""
 
     ca: str | None = None
     cert: str | None = None
     key: str | None = None
+    server_name: str | None = None
 
     def __post_init__(self):
         for name, path in (("--tls-ca", self.ca), ("--tls-cert", self.cert), ("--tls-key", self.key)):
@@ -107,7 +111,14 @@ class TLSOptions:
 
     @property
     def any(self) -> bool:
-        return any((self.ca, self.cert, self.key))
+        return any((self.ca, self.cert, self.key, self.server_name))
+
+    def channel_args(self) -> list[tuple[str, Any]] | None:
+        """gRPC channel options (tritonclient's own message limits kept: channel_args replaces them)."""
+        if self.server_name is None:
+            return None
+        return [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
+                ("grpc.ssl_target_name_override", self.server_name)]
 
     def read(self) -> tuple[bytes | None, bytes | None, bytes | None]:
         def rd(p):

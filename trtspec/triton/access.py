@@ -30,9 +30,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import ipaddress
+import json
 import os
+import re
 import secrets
-from dataclasses import dataclass
+import ssl
+from dataclasses import asdict, dataclass
 from typing import Mapping
 
 from trtspec.errors import ConfigError
@@ -48,17 +51,28 @@ _STOP_SEP = "|"
 
 @dataclass(frozen=True)
 class TlsSettings:
-    """Triton's gRPC over TLS: the server's certificate and key (PEM files); with ``ca``, clients
-    must present a certificate that CA signed (mutual TLS). Triton 2.51 has TLS on gRPC only: the
-    HTTP port (watchdog, health, /generate) stays plaintext, so keep it on loopback or inside the
-    mesh (docs/security.md)."""
+    """Triton's gRPC over TLS (``serving.tls``; ``serve --tls-*``), PEM files:
+
+    * ``cert`` / ``key``: the server's certificate (chain) and key;
+    * ``ca``: mutual TLS: clients must present a certificate this CA signed;
+    * ``server_ca``: what trtspec's own clients of the server (the router's relay, the watchdog,
+      the OpenAI relay) verify its certificate with; default ``ca``, else ``cert`` itself (a
+      self-signed certificate); under mutual TLS they present ``cert``/``key``;
+    * ``server_name``: the name they check in the certificate when they connect over loopback;
+      default its first DNS name (else ``localhost``).
+
+    Triton 2.51 has TLS on gRPC only, so the launcher binds the plaintext HTTP port to 127.0.0.1
+    under TLS (the metrics port stays on the host: Prometheus scrapes it; docs/security.md)."""
 
     cert: str
     key: str
     ca: str | None = None
+    server_ca: str | None = None
+    server_name: str | None = None
 
     def check(self) -> None:
-        for flag, path in (("--tls-cert", self.cert), ("--tls-key", self.key), ("--tls-ca", self.ca)):
+        for flag, path in (("--tls-cert", self.cert), ("--tls-key", self.key), ("--tls-ca", self.ca),
+                           ("--tls-server-ca", self.server_ca)):
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(flag, path, "file not found", fix="pass a PEM file")
 
@@ -67,6 +81,129 @@ class TlsSettings:
         if self.ca:
             return ["--grpc-use-ssl-mutual=true", *out, f"--grpc-root-cert={os.path.abspath(self.ca)}"]
         return ["--grpc-use-ssl=true", *out]
+
+    def internal(self) -> "InternalTls":
+        """How the server's own clients connect to it."""
+        return InternalTls(root=os.path.abspath(self.server_ca or self.ca or self.cert),
+                           cert=os.path.abspath(self.cert) if self.ca else None,
+                           key=os.path.abspath(self.key) if self.ca else None,
+                           server_name=self.server_name or certificate_name(self.cert))
+
+
+def certificate_name(cert: str) -> str:
+    """The first DNS name of a PEM certificate (subjectAltName, else its CN), else ``localhost``."""
+    try:
+        decoded = ssl._ssl._test_decode_cert(cert)  # noqa: SLF001 - the stdlib's only PEM reader
+    except (AttributeError, OSError, ssl.SSLError, ValueError):
+        return "localhost"
+    for kind, value in decoded.get("subjectAltName", ()):
+        if kind == "DNS":
+            return value
+    for rdn in decoded.get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return value
+    return "localhost"
+
+
+@dataclass(frozen=True)
+class InternalTls:
+    """TLS of a client inside the deployment (the router's relay, the watchdog): files, and the
+    name to check in the server's certificate (it connects to a loopback address)."""
+
+    root: str
+    cert: str | None = None
+    key: str | None = None
+    server_name: str = "localhost"
+
+
+@dataclass(frozen=True)
+class InternalClient:
+    """What a client inside the deployment needs to call the server's own gRPC port: its TLS, and
+    the headers a required-header server asks of every inference/metadata call. The launcher puts
+    it into the server's environment (:data:`INTERNAL_ENV`) for the stubs; the watchdog gets it
+    directly."""
+
+    tls: InternalTls | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+
+    def to_env(self) -> str:
+        return json.dumps({"tls": None if self.tls is None else asdict(self.tls), "headers": list(self.headers)})
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "InternalClient":
+        raw = (os.environ if environ is None else environ).get(INTERNAL_ENV)
+        if not raw:
+            return cls()
+        d = json.loads(raw)
+        return cls(tls=InternalTls(**d["tls"]) if d.get("tls") else None,
+                   headers=tuple((k, v) for k, v in d.get("headers", ())))
+
+    def grpc_kwargs(self) -> dict:
+        """Keyword arguments of tritonclient's (sync or aio) ``InferenceServerClient``."""
+        if self.tls is None:
+            return {}
+        def read(path):
+            if path is None:
+                return None
+            with open(path, "rb") as f:
+                return f.read()
+        # channel_args replaces tritonclient's own options: keep its unlimited message sizes
+        args = [("grpc.max_send_message_length", 2**31 - 1), ("grpc.max_receive_message_length", 2**31 - 1),
+                ("grpc.ssl_target_name_override", self.tls.server_name)]
+        return {"ssl": True, "root_certificates": self.tls.root, "private_key": self.tls.key,
+                "certificate_chain": self.tls.cert, "channel_args": args}
+
+    def grpc_headers(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        return {**dict(self.headers), **(extra or {})}
+
+
+INTERNAL_ENV = "TRTSPEC_INTERNAL_CLIENT"
+
+
+# ------------------------------------------------------------------------------------------
+# the required-header mode (a gateway in front)
+
+REQUIRED_HEADER_ENV = "TRTSPEC_REQUIRED_HEADER_VALUE"
+# what a required header guards; health stays open (load balancers and kubelets probe it) and the
+# admin APIs keep the launch's secret (Triton allows one restriction per API)
+GATED_APIS = ("inference", "metadata", "model-config", "statistics")
+_HEADER_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+
+
+@dataclass(frozen=True)
+class RequiredHeader:
+    """``serve --require-header NAME`` (``serving.require_header``): every inference, metadata,
+    model-config and statistics call needs ``NAME: value``; the value comes from the environment
+    (:data:`REQUIRED_HEADER_ENV`), never from a file or the command line of trtspec. A gateway
+    in front adds it; over gRPC Triton expects it as ``triton-grpc-protocol-NAME``."""
+
+    name: str
+    value: str
+
+    @classmethod
+    def from_env(cls, name: str, environ: Mapping[str, str] | None = None) -> "RequiredHeader":
+        name = name.strip().lower()
+        if not _HEADER_NAME.match(name) or name == HEADER:
+            raise ConfigError("serving.require_header", name, "not a usable header name",
+                              fix="lower-case letters, digits and '-' (e.g. x-gateway-key), not " + HEADER)
+        value = (os.environ if environ is None else environ).get(REQUIRED_HEADER_ENV, "")
+        if len(value) < 16 or any(c in value for c in ",:= \t\n"):
+            raise ConfigError(REQUIRED_HEADER_ENV, "(unset)" if not value else "(hidden)",
+                              "the required header's value must be set, at least 16 characters, without , : = or spaces",
+                              fix=f"export {REQUIRED_HEADER_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
+        return cls(name, value)
+
+    def args(self) -> list[str]:
+        apis = ",".join(GATED_APIS)
+        return [f"--http-restricted-api={apis}:{self.name}={self.value}",
+                f"--grpc-restricted-protocol={apis}:{self.name}={self.value}"]
+
+    def grpc_header(self) -> tuple[str, str]:
+        return ("triton-grpc-protocol-" + self.name, self.value)
+
+    def http_header(self) -> tuple[str, str]:
+        return (self.name, self.value)
 
 
 def new_secret() -> str:
@@ -141,13 +278,21 @@ def is_loopback(host: str) -> bool:
 
 
 def exposure_warning(host: str, grpc_port: int, http_port: int, metrics_port: int, *,
-                     tls: bool = False) -> str | None:
+                     tls: bool = False, required_header: RequiredHeader | None = None) -> str | None:
     """None on loopback; else what anyone who reaches ``host`` can use."""
     if is_loopback(host):
         return None
-    return (f"binding {host}: anyone who reaches this address can send generation requests, unauthenticated "
-            f"(gRPC :{grpc_port}, HTTP :{http_port}: inference, health, metadata, model config, statistics), "
-            f"and read the metrics (:{metrics_port}: model names, request counts, latencies). "
-            f"The model-repository, shared-memory, trace and logging APIs need this launch's secret. "
-            + ("gRPC uses TLS, HTTP and metrics do not; " if tls else "There is no TLS; ")
-            + "there is no client authentication: put the server behind a gateway or a mesh (docs/security.md)")
+    ports = f"gRPC :{grpc_port}" + ("" if tls else f", HTTP :{http_port}")
+    if required_header is None:
+        who = (f"anyone who reaches this address can send generation requests, unauthenticated ({ports}: "
+               "inference, health, metadata, model config, statistics)")
+    else:
+        who = (f"callers that send the {required_header.name} header can send generation requests ({ports}); "
+               "anyone can call health")
+    return (f"binding {host}: {who}, and read the metrics (:{metrics_port}: model names, request counts, "
+            f"latencies). The model-repository, shared-memory, trace and logging APIs need this launch's secret. "
+            + (f"gRPC uses TLS; HTTP (:{http_port}) stays on 127.0.0.1; the metrics have no TLS; " if tls
+               else "There is no TLS; ")
+            + ("the header is a shared secret, not per-client authentication" if required_header is not None
+               else "there is no client authentication")
+            + ": put the server behind a gateway or a mesh (docs/security.md)")

@@ -42,6 +42,7 @@ from trtspec.triton.backend.common import (
 )
 from trtspec.triton.backend.cancel import STOP_INPUT, new_request_id, request_key
 from trtspec.triton.backend.detok import DetokWindow
+from trtspec.triton.access import InternalClient
 from trtspec.triton.procs import alive, is_instance_of, stubs_of
 from trtspec.triton.backend.requests import (
     ENGINE_OUTPUTS,
@@ -109,10 +110,13 @@ class _EngineError:
 
 
 class _ClientPool:
-    """gRPC clients of this server, one stream each, reused across requests."""
+    """gRPC clients of this server, one stream each, reused across requests; over TLS and with
+    the required header when the launcher said so (``access.InternalClient``)."""
 
-    def __init__(self, url: str):
+    def __init__(self, url: str, settings: InternalClient | None = None):
         self.url = url
+        self.settings = settings or InternalClient()
+        self.headers = self.settings.grpc_headers() or None
         self._free: list = []
         self._lock = threading.Lock()
 
@@ -122,7 +126,7 @@ class _ClientPool:
                 return self._free.pop()
         import tritonclient.grpc as grpcclient
 
-        return grpcclient.InferenceServerClient(self.url)
+        return grpcclient.InferenceServerClient(self.url, **self.settings.grpc_kwargs())
 
     def put(self, client) -> None:
         with self._lock:
@@ -169,8 +173,10 @@ class Router:
         # Triton 2.51's stub builds the numpy arrays of every BLS response without the GIL,
         # racing this model's threads (heap corruption under load, docs/reliability.md), so BLS is
         # only the fallback: TRTSPEC_ROUTER_RELAY=bls|grpc|auto (default auto).
-        self.relay_mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"))
-        self.clients = _ClientPool(why) if self.relay_mode == "grpc" else None
+        internal = InternalClient.from_env()
+        self.relay_mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"),
+                                           tls=internal.tls is not None)
+        self.clients = _ClientPool(why, internal) if self.relay_mode == "grpc" else None
         self.pb.Logger.log_info(f"{self.name}: relays engine responses over "
                                 f"{'gRPC at ' + why if self.relay_mode == 'grpc' else 'BLS (' + why + ')'}")
         # the engines' stub pids at the last scan (None: not scanned since the router was idle)
@@ -280,7 +286,7 @@ class Router:
         from tritonclient.utils import np_to_triton_dtype
 
         q: queue.Queue = queue.Queue()
-        client.start_stream(callback=lambda result, error: q.put((result, error)))
+        client.start_stream(callback=lambda result, error: q.put((result, error)), headers=self.clients.headers)
         tensors = []
         for k, v in inputs.items():
             t = grpcclient.InferInput(k, list(v.shape), np_to_triton_dtype(v.dtype))
@@ -468,12 +474,13 @@ class Router:
             self.clients.close()
 
 
-def _relay_mode(wanted: str, argv: list[str] | None = None) -> tuple[str, str]:
+def _relay_mode(wanted: str, argv: list[str] | None = None, *, tls: bool = False) -> tuple[str, str]:
     """("grpc", url of this server's gRPC endpoint) or ("bls", why not gRPC).
 
     The url comes from the command line of the parent tritonserver (``argv``; by default read
     from /proc): ``--grpc-address``, ``--grpc-port``, ``--allow-grpc``, with Triton's defaults
-    0.0.0.0:8001."""
+    0.0.0.0:8001. A server with gRPC over TLS is relayed to over TLS when the launcher gave the
+    stubs its client settings (``tls``: ``serving.tls``); else (TLS flags passed by hand) BLS."""
     wanted = (wanted or "auto").strip().lower()
     if wanted not in ("auto", "grpc", "bls"):
         raise ValueError(f"TRTSPEC_ROUTER_RELAY={wanted!r}: use auto, grpc or bls")
@@ -504,10 +511,13 @@ def _relay_mode(wanted: str, argv: list[str] | None = None) -> tuple[str, str]:
         if wanted == "grpc":
             raise ValueError("TRTSPEC_ROUTER_RELAY=grpc but the server runs with --allow-grpc=false")
         return "bls", "the server runs without gRPC"
-    if any(opts.get(k, "false").lower() in ("true", "1", "yes") for k in ("grpc-use-ssl", "grpc-use-ssl-mutual")):
+    server_tls = any(opts.get(k, "false").lower() in ("true", "1", "yes")
+                     for k in ("grpc-use-ssl", "grpc-use-ssl-mutual"))
+    if server_tls and not tls:
         if wanted == "grpc":
-            raise ValueError("TRTSPEC_ROUTER_RELAY=grpc but the server's gRPC uses TLS (the relay has no client certificate)")
-        return "bls", "the server's gRPC uses TLS"
+            raise ValueError("TRTSPEC_ROUTER_RELAY=grpc but the server's gRPC uses TLS and the launcher gave the "
+                             "relay no TLS settings (serve it with serving.tls or serve --tls-*)")
+        return "bls", "the server's gRPC uses TLS set by hand (no client settings from the launcher)"
     host = opts.get("grpc-address", "0.0.0.0")
     host = "127.0.0.1" if host in ("0.0.0.0", "") else ("[::1]" if host in ("::", "[::]") else host)
     return "grpc", f"{host}:{opts.get('grpc-port', '8001')}"

@@ -52,7 +52,8 @@ from trtspec.triton.launch.paths import pytriton_dist
 from trtspec.triton.launch.watchdog import WATCHDOG_MODEL, WatchdogSettings
 from trtspec.triton.render import read_repository_manifest
 from trtspec.triton.launch.watchdog import Watchdog, watchdog_config
-from trtspec.triton.access import SECRET_ENV, new_secret, resolve_host, restricted_args
+from trtspec.triton.access import (INTERNAL_ENV, SECRET_ENV, InternalClient, RequiredHeader, TlsSettings, is_loopback,
+                                   new_secret, resolve_host, restricted_args)
 from trtspec.triton.launch.state import owned_python_env, read_records, start_lock, state_dir, write_record
 
 SHM_DIR = pathlib.Path("/dev/shm")
@@ -67,6 +68,7 @@ class Endpoints:
     grpc_port: int
     http_port: int
     metrics_port: int
+    http_host: str | None = None  # where HTTP binds when not on host (127.0.0.1 under TLS)
 
     @property
     def grpc(self) -> str:
@@ -74,7 +76,7 @@ class Endpoints:
 
     @property
     def http(self) -> str:
-        return f"http://{self.host}:{self.http_port}"
+        return f"http://{self.http_host or self.host}:{self.http_port}"
 
     @property
     def metrics(self) -> str:
@@ -227,7 +229,8 @@ class TritonServer:
         watchdog=None,
         entry_points: tuple[str, ...] = (),
         on_watchdog_event=None,
-        tls=None,
+        tls: TlsSettings | None = None,
+        required_header: RequiredHeader | None = None,
         on_progress=None,
     ):
         self.repository = pathlib.Path(repository).resolve()
@@ -258,9 +261,14 @@ class TritonServer:
         self._record: pathlib.Path | None = None
         # closes the repository/shared-memory/trace/logging APIs; the watchdog and the stubs get it
         self.secret = new_secret()
-        self.tls = tls  # trtspec.triton.access.TlsSettings | None: gRPC over TLS
+        self.tls = tls  # gRPC over TLS; HTTP then binds to 127.0.0.1
         if tls is not None:
             tls.check()
+        self.required_header = required_header  # a header every inference/metadata call must carry
+        # how the server's own clients (router relay, watchdog, OpenAI relay) call its gRPC port
+        self.internal_client = InternalClient(
+            tls=tls.internal() if tls is not None else None,
+            headers=(required_header.grpc_header(),) if required_header is not None else ())
         # (models ready, models in the repository, label) while start() waits: a progress bar
         self.on_progress = on_progress
 
@@ -271,7 +279,7 @@ class TritonServer:
         cmd = [
             str(self.binary),
             f"--model-repository={self.repository}",
-            f"--http-address={e.host}", f"--http-port={e.http_port}",
+            f"--http-address={e.http_host or e.host}", f"--http-port={e.http_port}",
             f"--grpc-address={e.host}", f"--grpc-port={e.grpc_port}",
             f"--metrics-address={e.host}", f"--metrics-port={e.metrics_port}",
             f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
@@ -280,6 +288,7 @@ class TritonServer:
             f"--log-verbose={self.log_verbose}",
             *restricted_args(self.secret),
             *(self.tls.args() if self.tls is not None else []),
+            *(self.required_header.args() if self.required_header is not None else []),
         ]
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
@@ -321,8 +330,10 @@ class TritonServer:
             self._write_watchdog_model()
         sweep_leftovers()
         g, h, m = self.ports
-        self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(self.host),
-                                   m or free_port(self.host))
+        # Triton's HTTP has no TLS: under TLS it stays on loopback (local tools and probes)
+        http_host = "127.0.0.1" if self.tls is not None and not is_loopback(self.host) else None
+        self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(http_host or self.host),
+                                   m or free_port(self.host), http_host=http_host)
         self.log_path = self.workdir / "tritonserver.log"
         rotate_log(self.log_path)  # the last runs' logs stay (a restart must not erase why it stopped)
         self._log = open(self.log_path, "wb")
@@ -332,7 +343,8 @@ class TritonServer:
             try:
                 # own session/process group: the python stubs are killed with the server
                 self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                             env={**server_env(), SECRET_ENV: self.secret},
+                                             env={**server_env(), SECRET_ENV: self.secret,
+                                                  INTERNAL_ENV: self.internal_client.to_env()},
                                              start_new_session=True, cwd=self.workdir,
                                              umask=0o077)  # what the server writes is for this user only
             except OSError as e:
@@ -348,9 +360,9 @@ class TritonServer:
             tighten_shared_memory(self.shm_prefix)
             if self.watchdog_settings is not None:
 
-                self.watchdog = Watchdog(self.endpoints.http, self.proc.pid, self.watchdog_settings,
+                self.watchdog = Watchdog(self.endpoints.grpc, self.proc.pid, self.watchdog_settings,
                                          entry_points=self.entry_points, on_event=self.on_watchdog_event,
-                                         secret=self.secret).start()
+                                         secret=self.secret, client=self.internal_client).start()
         except BaseException:
             self.stop()
             raise
@@ -566,6 +578,13 @@ def server_for_repository(
     kwargs.setdefault("entry_points", tuple(v for v in (entries.get("speculative"), entries.get("baseline")) if v))
     # serving.tritonserver_args: the recipe's passthrough (checked by trtspec.passthrough at load)
     kwargs.setdefault("extra_args", tuple(serving.get("tritonserver_args") or ()))
+    # serving.tls / serving.require_header harden the server (never loosen it): taken from the
+    # repository's recipe unless given; the header's value comes from the environment only
+    if kwargs.get("tls") is None and serving.get("tls"):
+        t = serving["tls"]
+        kwargs["tls"] = TlsSettings(t["cert"], t["key"], t.get("ca"), t.get("server_ca"), t.get("server_name"))
+    if kwargs.get("required_header") is None and serving.get("require_header"):
+        kwargs["required_header"] = RequiredHeader.from_env(serving["require_header"])
 
     def pick(value, key, default):
         return value if value is not None else serving.get(key, default)

@@ -8,7 +8,7 @@ two ways:
 * **stub liveness** (every ``interval_s``): the stub processes of every python model, read from
   ``/proc`` (``procs``); an instance whose stub is gone makes its model unhealthy at once;
 * **an end-to-end probe** (every ``probe_every_s``, off with None): a one-token request to each
-  entry point (``ensemble``, ``ensemble_baseline``) over HTTP ``/generate``; an answer naming a
+  entry point (``ensemble``, ``ensemble_baseline``) over a gRPC stream; an answer naming a
   stub that "is not healthy" makes that model unhealthy, any other failure is counted.
 
 A model that calls others over BLS (the router calls the engines) takes them along: when the
@@ -35,8 +35,10 @@ Triton's /metrics by the ``trtspec_watchdog`` model the launcher loads from its 
 ``trtspec_watchdog_reload_failures_total{model}``, ``trtspec_watchdog_probe_failures_total{model}``,
 ``trtspec_watchdog_last_recovery_seconds{model}``.
 
-The repository API is closed behind the launch's secret (``trtspec.triton.access``): the watchdog
-sends it as a header on its repository calls and as the ``SECRET`` input of its reports.
+The watchdog talks to the server over its gRPC port, as any client (``trtspec.triton.access``):
+with the launch's secret as a header on its repository calls and as the ``SECRET`` input of its
+reports, over TLS when the server has it (``serving.tls``), with the required header when the
+server asks for one (``serving.require_header``). HTTP may be off or loopback-only.
 """
 
 from __future__ import annotations
@@ -44,17 +46,18 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
 import signal
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from trtspec.errors import ConfigError, ServerError
-from trtspec.triton.access import SECRET_INPUT, http_headers
+from trtspec.triton.access import SECRET_INPUT, InternalClient, grpc_headers
 from trtspec.triton.procs import alive, instance_model, is_instance_of, stubs_of
 
 # the model that counts watchdog events on /metrics (templates/trtspec_watchdog; the launcher loads it)
@@ -110,14 +113,14 @@ class WatchdogEvent:
 
 
 class Watchdog:
-    """Watches a started server (``http``: its HTTP endpoint, ``server_pid``: the tritonserver
-    process whose children are the stubs). :meth:`start` / :meth:`stop`; ``error`` is set when
-    it gave up (the server can no longer be trusted)."""
+    """Watches a started server (``grpc``: its gRPC address, host:port; ``server_pid``: the
+    tritonserver process whose children are the stubs). :meth:`start` / :meth:`stop`; ``error``
+    is set when it gave up (the server can no longer be trusted)."""
 
-    def __init__(self, http: str, server_pid: int, settings: WatchdogSettings | None = None, *,
+    def __init__(self, grpc: str, server_pid: int, settings: WatchdogSettings | None = None, *,
                  entry_points: tuple[str, ...] = (), on_event: Callable[[WatchdogEvent], None] | None = None,
-                 secret: str | None = None):
-        self.http = http.rstrip("/")
+                 secret: str | None = None, client: InternalClient | None = None):
+        self.admin = _Admin(grpc, client or InternalClient(), secret)
         self.secret = secret  # the launch's secret: the repository API and the counters need it
         self.server_pid = server_pid
         self.settings = settings or WatchdogSettings()
@@ -147,6 +150,7 @@ class Watchdog:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.settings.load_timeout_s + 5)
+        self.admin.close()
 
     def _instances(self) -> dict[str, set[str]]:
         out: dict[str, set[str]] = {}
@@ -157,16 +161,14 @@ class Watchdog:
     def _callees(self) -> dict[str, set[str]]:
         """Which models each python model calls: the other models its parameters name."""
         try:
-            index = self._json("POST", "/v2/repository/index", {}, timeout=30)
+            names = self.admin.ready_models()
         except Exception as e:  # noqa: BLE001 - without it, reloads are per model only
-            log.warning("watchdog: cannot read the repository index: %s", _http_error(e))
+            log.warning("watchdog: cannot read the repository index: %s", _error(e))
             return {}
-        names = {m["name"] for m in index if isinstance(m, dict) and m.get("state") == "READY"} \
-            if isinstance(index, list) else set()
         out: dict[str, set[str]] = {}
         for model in self.expected:
             try:
-                cfg = self._json("GET", f"/v2/models/{model}/config", timeout=30)
+                cfg = self.admin.config(model)
             except Exception:  # noqa: BLE001
                 continue
             values = {v.get("string_value") for v in (cfg.get("parameters") or {}).values() if isinstance(v, dict)}
@@ -239,21 +241,10 @@ class Watchdog:
         return out
 
     def _generate(self, entry: str) -> str | None:
-        body = json.dumps({"text_input": "def", "max_tokens": 1, "stream": False}).encode()
-        req = urllib.request.Request(f"{self.http}/v2/models/{entry}/generate", data=body,
-                                     headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=self.settings.probe_timeout_s) as r:
-                r.read()
-            return None
-        except urllib.error.HTTPError as e:
-            text = e.read().decode(errors="replace")
-            try:
-                return json.loads(text).get("error", text)
-            except json.JSONDecodeError:
-                return text or str(e)
-        except (urllib.error.URLError, OSError) as e:
-            return f"no answer within {self.settings.probe_timeout_s:g} s ({e})"
+            return self.admin.probe(entry, self.settings.probe_timeout_s)
+        except Exception as e:  # noqa: BLE001 - a probe that cannot even be sent is a failed probe
+            return _error(e)
 
     # ---------------------------------------------------------------- reload
 
@@ -271,15 +262,14 @@ class Watchdog:
         t0 = time.monotonic()
         self._generation += 1
         try:
-            cfg = self._json("GET", f"/v2/models/{model}/config", timeout=30)
+            cfg = self.admin.config(model)
             cfg.setdefault("parameters", {})[RELOAD_PARAMETER] = {"string_value": str(self._generation)}
-            self._json("POST", f"/v2/repository/models/{model}/load",
-                       {"parameters": {"config": json.dumps(cfg)}}, timeout=self.settings.load_timeout_s)
+            self.admin.load(model, cfg, timeout=self.settings.load_timeout_s)
         except TimeoutError:
             self._failed(model, f"not loaded again within {self.settings.load_timeout_s:.0f} s (a python stub "
                                 "that cannot start hangs model loading forever)")
-        except (urllib.error.URLError, OSError, ValueError) as e:
-            self._failed(model, f"reload failed: {_http_error(e)}")
+        except Exception as e:  # noqa: BLE001 - the server's answer, said in the event
+            self._failed(model, f"reload failed: {_error(e)}")
         took = time.monotonic() - t0
         live = self._instances()
         self.expected[model] = live.get(model, set())
@@ -311,35 +301,14 @@ class Watchdog:
 
     # ---------------------------------------------------------------- plumbing
 
-    def _json(self, method: str, path: str, body: dict | None = None, *, timeout: float):
-        data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.http + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json", **http_headers(self.secret)})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
-                text = r.read().decode()
-        except TimeoutError:
-            raise
-        except urllib.error.URLError as e:
-            if isinstance(e.reason, TimeoutError):
-                raise TimeoutError(str(e)) from None
-            raise
-        return json.loads(text) if text.strip() else {}
-
     def _report(self, event: str, models: str, seconds: float = 0.0) -> None:
         """Count an event on /metrics through the trtspec_watchdog model (best effort)."""
         if not models:
             return
-        body = {"inputs": [
-            {"name": "EVENT", "shape": [1], "datatype": "BYTES", "data": [event]},
-            {"name": "MODEL", "shape": [1], "datatype": "BYTES", "data": [models]},
-            {"name": "SECONDS", "shape": [1], "datatype": "FP32", "data": [float(seconds)]},
-            {"name": SECRET_INPUT, "shape": [1], "datatype": "BYTES", "data": [self.secret or ""]},
-        ]}
         try:
-            self._json("POST", f"/v2/models/{WATCHDOG_MODEL}/infer", body, timeout=10)
+            self.admin.report(event, models, seconds)
         except Exception as e:  # noqa: BLE001 - the counter is a report, not the watchdog's job
-            log.warning("watchdog: could not count %s for %s on /metrics: %s", event, models, _http_error(e))
+            log.warning("watchdog: could not count %s for %s on /metrics: %s", event, models, _error(e))
 
     def _emit(self, ev: WatchdogEvent) -> None:
         self.events.append(ev)
@@ -352,11 +321,89 @@ class Watchdog:
                 log.exception("watchdog on_event callback failed")
 
 
-def _http_error(e: BaseException) -> str:
-    if isinstance(e, urllib.error.HTTPError):
+def _error(e: BaseException) -> str:
+    message = getattr(e, "message", None)
+    return (message() if callable(message) else None) or str(e)
+
+
+class _Admin:
+    """The watchdog's calls to the server, over gRPC (tritonclient): model configs, the
+    repository index and load (with the launch's secret), one-token probes, its own counters."""
+
+    def __init__(self, url: str, client: InternalClient, secret: str | None):
+        self.url, self.client, self.secret = url, client, secret
+        self._grpc = None
+        self._lock = threading.Lock()
+
+    def _c(self):
+        with self._lock:
+            if self._grpc is None:
+                import tritonclient.grpc as grpcclient
+
+                self._grpc = grpcclient.InferenceServerClient(self.url, **self.client.grpc_kwargs())
+            return self._grpc
+
+    def _headers(self, admin: bool = False) -> dict[str, str]:
+        return self.client.grpc_headers(grpc_headers(self.secret) if admin else None)
+
+    def config(self, model: str) -> dict:
+        return self._c().get_model_config(model, headers=self._headers(), as_json=True, client_timeout=30)["config"]
+
+    def ready_models(self) -> set[str]:
+        index = self._c().get_model_repository_index(headers=self._headers(admin=True), as_json=True,
+                                                     client_timeout=30)
+        return {m["name"] for m in index.get("models", ()) if m.get("state") == "READY"}
+
+    def load(self, model: str, config: dict, *, timeout: float) -> None:
+        from tritonclient.utils import InferenceServerException
+
         try:
-            text = e.read().decode(errors="replace")
-            return json.loads(text).get("error", text)
-        except Exception:  # noqa: BLE001
-            return str(e)
-    return str(e)
+            self._c().load_model(model, headers=self._headers(admin=True), config=json.dumps(config),
+                                 client_timeout=timeout)
+        except InferenceServerException as e:
+            if "deadline" in (e.message() or "").lower() or (e.status() or "").endswith("DEADLINE_EXCEEDED"):
+                raise TimeoutError(e.message()) from None
+            raise
+
+    def report(self, event: str, models: str, seconds: float) -> None:
+        import tritonclient.grpc as grpcclient
+
+        tensors = (("EVENT", np.array([event.encode()], dtype=np.object_), "BYTES"),
+                   ("MODEL", np.array([models.encode()], dtype=np.object_), "BYTES"),
+                   ("SECONDS", np.array([seconds], dtype=np.float32), "FP32"),
+                   (SECRET_INPUT, np.array([(self.secret or "").encode()], dtype=np.object_), "BYTES"))
+        inputs = []
+        for name, value, dtype in tensors:
+            t = grpcclient.InferInput(name, [1], dtype)
+            t.set_data_from_numpy(value)
+            inputs.append(t)
+        self._c().infer(WATCHDOG_MODEL, inputs, headers=self._headers(), client_timeout=10)
+
+    def probe(self, entry: str, timeout: float) -> str | None:
+        """One token from ``entry`` on a stream of its own; None, or the error it answered."""
+        import tritonclient.grpc as grpcclient
+
+        shape = [1, 1] if int(self.config(entry).get("max_batch_size") or 0) > 0 else [1]
+        answers: queue.Queue = queue.Queue()
+        c = grpcclient.InferenceServerClient(self.url, **self.client.grpc_kwargs())
+        try:
+            c.start_stream(callback=lambda result, error: answers.put(error), headers=self._headers())
+            text = grpcclient.InferInput("text_input", shape, "BYTES")
+            text.set_data_from_numpy(np.array([b"def"], dtype=np.object_).reshape(shape))
+            tokens = grpcclient.InferInput("max_tokens", shape, "INT32")
+            tokens.set_data_from_numpy(np.array([1], dtype=np.int32).reshape(shape))
+            c.async_stream_infer(entry, [text, tokens])
+            try:
+                error = answers.get(timeout=timeout)
+            except queue.Empty:
+                return f"no answer within {timeout:g} s"
+            return None if error is None else _error(error)
+        finally:
+            c.stop_stream(cancel_requests=True)
+            c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._grpc is not None:
+                self._grpc.close()
+                self._grpc = None
