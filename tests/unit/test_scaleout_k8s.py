@@ -22,7 +22,9 @@ import pytest
 import yaml
 
 from trtspec.config import load_recipe, parse_recipe, recipe_to_dict
-from trtspec.deploy.k8s import K8sOptions, app_name, k8s_files, serving_image, write_k8s
+from trtspec.deploy.k8s import (K8sOptions, admin_secret_name, app_name, k8s_files, liveness_command, pod_server_args,
+                                secret_command, serving_image, write_k8s)
+from trtspec.triton.access import REQUIRED_HEADER_ENV, SECRET_ENV
 from trtspec.errors import ConfigError, StageError
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import layout_for
@@ -232,8 +234,15 @@ def test_pods_ask_for_the_gpus_and_run_the_command_of_the_launch_plan(case):
         gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)
         assert gpus == len(layout.gpus)
         repo = f"/workspace/deploy/{recipe.name}/" + ("repository" if track == "speculative" else "repository-baseline")
-        plan = launch_plan(layout, repository=repo, exit_timeout=30)
+        plan = launch_plan(layout, repository=repo, exit_timeout=30, extra_args=pod_server_args(recipe))
         assert c["args"] == list(plan.argv)
+        # every rank closes the admin APIs behind the pod's secret, which Kubernetes expands from
+        # the app's Secret: the value is in no file trtspec writes
+        for rank in plan.ranks:
+            assert f"--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:trtspec-admin-key=" \
+                   f"$({SECRET_ENV})" in rank
+        assert {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": admin_secret_name(_deployment(files, track)["metadata"]["labels"]["app.kubernetes.io/name"]),
+                                                                   "key": "admin-key"}}} in c["env"]
         # the trtspec serving image docker/Dockerfile builds on the recipe's NVIDIA base (make image)
         assert c["image"] == serving_image(recipe)
     if case == "llama3.1-70b-tp8-8gpu":
@@ -413,3 +422,26 @@ def test_the_yaml_in_docs_scaleout_validates():
     assert {o["kind"] for o in objs} == {"PersistentVolumeClaim", "Pod"}
     for o in objs:
         validate_object(o)
+
+
+def test_a_required_header_reaches_the_pods_through_the_secret_and_the_probe_sends_it(tmp_path):
+    """serving.require_header in the pods: the gated APIs need it, the value comes from the app's
+    Secret (made by the `secret` command from the deployer's environment), the liveness probe
+    reads it from the container's environment."""
+    d = recipe_to_dict(load_recipe(REPO / "build_configs" / "tiny-cpu-draft-target.yaml"))
+    d["serving"]["require_header"] = "x-gateway-key"
+    recipe = parse_recipe(d)
+    args = pod_server_args(recipe)
+    assert f"--grpc-restricted-protocol=inference,metadata,model-config,statistics:x-gateway-key=" \
+           f"$({REQUIRED_HEADER_ENV})" in args
+    cmd = secret_command("app", recipe, "llm")
+    assert "create secret generic app-admin" in cmd and f'required-header="${REQUIRED_HEADER_ENV}"' in cmd
+    probe = liveness_command(header="x-gateway-key")[-1]
+    compile(probe, "probe", "exec")  # the probe is valid python
+    assert f"'x-gateway-key': os.environ[{REQUIRED_HEADER_ENV!r}]" in probe
+    layout = layout_for(recipe, None)
+    files = k8s_files(recipe, layout, repository="/workspace/r", baseline_repository="/workspace/b",
+                      opts=K8sOptions(mount_path="/workspace"))
+    c = _container(_deployment(files))
+    assert [e["name"] for e in c["env"]] == [SECRET_ENV, REQUIRED_HEADER_ENV]
+    assert c["livenessProbe"]["exec"]["command"][-1] == probe

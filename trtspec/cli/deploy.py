@@ -9,7 +9,8 @@ import click
 
 from trtspec.config import load_recipe
 from trtspec.deploy.k8s import K8sOptions, write_k8s
-from trtspec.cli.common import handle_errors, out
+from trtspec.triton.access import REQUIRED_HEADER_ENV
+from trtspec.cli.common import err, handle_errors, out
 
 
 @click.group()
@@ -85,6 +86,12 @@ def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image
     out.print(f"  entry    {m['entry_service']} (gRPC 8001, HTTP 8000)")
     for f in res.files:
         out.print(f"  wrote    {f}", markup=False)
+    out.print(f"secret:   {m['commands']['secret']}   (once per namespace: the pods' admin key"
+              + (f" and ${REQUIRED_HEADER_ENV}" if "required-header" in m['commands']['secret'] else "") + ")",
+              markup=False)
+    if recipe.serving.tls is not None:
+        err.print("note: serving.tls is for `trtspec serve`; in the cluster the mesh's STRICT mTLS "
+                  "(k8s/virtualservice.yaml) encrypts the pods' traffic", markup=False)
     out.print(f"apply:    {m['commands']['apply']}", markup=False)
     out.print(f"shift:    {m['commands']['rollout']}", markup=False)
     out.print(f"rollback: {m['commands']['rollback']}", markup=False)

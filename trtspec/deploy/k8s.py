@@ -52,6 +52,7 @@ import yaml
 
 from trtspec.errors import ConfigError, StageError
 from trtspec.manifest import atomic_dir, write_manifest
+from trtspec.triton.access import REQUIRED_HEADER_ENV, SECRET_ENV, RequiredHeader, restricted_args
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import Layout, layout_for
 from trtspec import __version__
@@ -221,7 +222,8 @@ def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, 
                            "periodSeconds": 5, "failureThreshold": 3},
         # /v2/health/live stays green while a python stub is dead and every request fails: the
         # liveness check is a one-token request through each entry model
-        "livenessProbe": {"exec": {"command": liveness_command(ENTRY_MODELS)},
+        "livenessProbe": {"exec": {"command": liveness_command(ENTRY_MODELS,
+                                                               header=recipe.serving.require_header)},
                           "periodSeconds": 30, "timeoutSeconds": 30, "failureThreshold": 3},
         "volumeMounts": [{"name": "models", "mountPath": opts.mount_path, "readOnly": True},
                          {"name": "dshm", "mountPath": "/dev/shm"},
@@ -231,6 +233,10 @@ def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, 
     }
     if resources:
         container["resources"] = resources
+    # the pod's admin secret (and the required header's value): from the Secret the `secret` command
+    # makes; tritonserver's args name them as $(VAR), which Kubernetes expands
+    container["env"] = [{"name": var, "valueFrom": {"secretKeyRef": {"name": admin_secret_name(app), "key": key}}}
+                        for var, key in _secret_env(recipe)]
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 30,
         "automountServiceAccountToken": False,  # tritonserver never talks to the Kubernetes API
@@ -274,14 +280,50 @@ def _service(name: str, app: str, track: str | None, opts: K8sOptions) -> dict[s
 ENTRY_MODELS = ("ensemble", "ensemble_baseline")
 
 
-def liveness_command(models: tuple[str, ...] = ENTRY_MODELS, timeout_s: int = 25, port: int = HTTP_PORT) -> list[str]:
+ADMIN_KEY = "admin-key"  # the Secret's key for the launch secret (the admin APIs)
+HEADER_KEY = "required-header"  # its key for serving.require_header's value
+
+
+def admin_secret_name(app: str) -> str:
+    return f"{app}-admin"
+
+
+def _secret_env(recipe) -> list[tuple[str, str]]:
+    """(environment variable, Secret key) the pods read from the app's admin Secret."""
+    return [(SECRET_ENV, ADMIN_KEY)] + ([(REQUIRED_HEADER_ENV, HEADER_KEY)] if recipe.serving.require_header else [])
+
+
+def pod_server_args(recipe) -> tuple[str, ...]:
+    """What every rank's tritonserver gets besides the launch plan: the admin APIs closed behind
+    the pod's secret, the required header (serving.require_header), serving.tritonserver_args."""
+    args = list(restricted_args(f"$({SECRET_ENV})"))
+    if recipe.serving.require_header:
+        args += RequiredHeader(recipe.serving.require_header, f"$({REQUIRED_HEADER_ENV})").args()
+    return (*args, *recipe.serving.tritonserver_args)
+
+
+def secret_command(app: str, recipe, namespace: str) -> str:
+    """The one command that makes the pods' Secret (a random admin key; the header's value from the
+    environment of whoever runs it). The value never lands in a file trtspec writes."""
+    cmd = (f"kubectl -n {shlex.quote(namespace)} create secret generic {admin_secret_name(app)} "
+           f"--from-literal={ADMIN_KEY}=\"$(openssl rand -hex 32)\"")
+    if recipe.serving.require_header:
+        cmd += f" --from-literal={HEADER_KEY}=\"${REQUIRED_HEADER_ENV}\""
+    return cmd
+
+
+def liveness_command(models: tuple[str, ...] = ENTRY_MODELS, timeout_s: int = 25, port: int = HTTP_PORT,
+                     header: str | None = None) -> list[str]:
     """An exec probe: a one-token request to each entry model over HTTP on localhost; exit 1 on
-    any failure (NVIDIA's Triton images have python3; no curl needed)."""
-    code = ("import json,sys,urllib.error as e,urllib.request as u\n"
+    any failure (NVIDIA's Triton images have python3; no curl needed). With ``header`` (a
+    required header) it sends the value the container has in its environment."""
+    headers = "{'Content-Type': 'application/json'" + (
+        f", {header!r}: os.environ[{REQUIRED_HEADER_ENV!r}]" if header else "") + "}"
+    code = ("import json,os,sys,urllib.error as e,urllib.request as u\n"
             f"for m in {list(models)!r}:\n"
             "    r = u.Request('http://127.0.0.1:%d/v2/models/%s/generate' % (" + str(port) + ", m),\n"
             "                  data=json.dumps({'text_input': 'a', 'max_tokens': 1, 'stream': False}).encode(),\n"
-            "                  headers={'Content-Type': 'application/json'})\n"
+            f"                  headers={headers})\n"
             "    try:\n"
             f"        u.urlopen(r, timeout={timeout_s}).read()\n"
             "    except e.HTTPError as x:\n"
@@ -475,7 +517,7 @@ def k8s_files(recipe, layout: Layout, *, repository: str, baseline_repository: s
         docs["k8s/pvc.yaml"] = [_pvc(claim, app, opts)]
     for track, repo in (("speculative", repository), ("baseline", baseline_repository)):
         plan = launch_plan(layout, repository=repo, host="0.0.0.0", grpc_port=GRPC_PORT, http_port=HTTP_PORT,
-                           metrics_port=METRICS_PORT, exit_timeout=EXIT_TIMEOUT_S)
+                           metrics_port=METRICS_PORT, exit_timeout=EXIT_TIMEOUT_S, extra_args=pod_server_args(recipe))
         docs[f"k8s/{track}.yaml"] = [
             _deployment(app, track, recipe, plan.argv, gpus, claim, image, opts),
             _service(f"{app}-{track}", app, track, opts),
@@ -596,7 +638,9 @@ def write_k8s(
             speculative_weight=opts.speculative_weight,
             options=asdict(opts),
             files=sorted(files),
+            admin_secret=admin_secret_name(app),
             commands={
+                "secret": secret_command(app, recipe, opts.namespace),
                 "apply": f"kubectl apply -f {out / 'k8s'}",
                 "rollout": f"{out / 'rollout.sh'} PERCENT",
                 "rollback": f"{out / 'rollout.sh'} 0",
