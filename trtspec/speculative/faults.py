@@ -43,7 +43,22 @@ def resample_from_target(draft_tokens, draft_probs, target_logits, params, gener
     return Verdict(n, int(sample(p[n], generator)), False)
 
 
+DEVICE_ERROR = "CUDA error: an illegal memory access was encountered (injected: extra.fault_injection=device_error)"
+
+
+def device_error_greedy(draft_tokens, target_logits, draft_lens):
+    """Not a bug but a dead device: the step fails as a CUDA kernel fault does. The served engine
+    must exit its stub so that the watchdog reloads it (triton/backend/guard.is_fatal_device_error):
+    the only way to exercise that path without a GPU."""
+    raise RuntimeError(DEVICE_ERROR)
+
+
+def device_error_sampled(draft_tokens, draft_probs, target_logits, params, generator):
+    raise RuntimeError(DEVICE_ERROR)
+
+
 FAULTS = {
     "accept_all": (accept_all_greedy, accept_all_sampled),
     "resample_from_target": (None, resample_from_target),
+    "device_error": (device_error_greedy, device_error_sampled),
 }
