@@ -313,7 +313,9 @@ class Pipeline:
             self.stage_log.append({"stage": "serve", "status": "done", "seconds": round(ready_s, 3)})
             self.on_event("serve", "done", {**server.endpoints.to_dict(), "seconds": ready_s})
             try:
-                result = run_validation(server.endpoints.grpc, self.recipe, progress=self._progress("validate"))
+                url, client_options = server.client_target()  # TLS and the required header, as served
+                result = run_validation(url, self.recipe, progress=self._progress("validate"),
+                                        client_options=client_options)
             except TrtspecError as e:
                 self._check_alive(server, e)
                 raise

@@ -34,7 +34,6 @@ from trtspec.triton.launch.server import server_for_repository
 from trtspec.triton.launch.watchdog import WatchdogSettings
 from trtspec.triton.procs import stubs_of
 from trtspec.triton.render import package
-from trtspec.cli.serve import _internal_client_options
 
 from tests.serving.test_triton_serving import tiny_recipe
 
@@ -154,7 +153,7 @@ def test_the_watchdog_probes_and_reloads_over_tls(server, pki):
 
 
 def test_the_openai_relay_calls_the_ensemble_over_tls(server, pki):
-    grpc_url, opts = _internal_client_options(server)
+    grpc_url, opts = server.client_target()
     assert grpc_url.startswith("grpcs://") and opts.tls.server_name == NAME and opts.headers
     ref = greedy(server, pki, "ensemble_baseline")
     with relay_for_repository(server.repository, grpc_url, host="127.0.0.1", port=0, client_options=opts) as r:
@@ -164,3 +163,16 @@ def test_the_openai_relay_calls_the_ensemble_over_tls(server, pki):
         with urllib.request.urlopen(req, timeout=120) as resp:
             answer = json.loads(resp.read())
     assert answer["choices"][0]["text"] == ref.text
+
+
+def test_trtspec_run_validates_through_tls_and_the_header(server, tiny_models):
+    """`trtspec run`'s validation stage is a client of the server it started: it connects as the
+    launch set TLS and the header (``TritonServer.client_target``), with the recipe's gates."""
+    from trtspec.validate.run import run_validation
+
+    raw = tiny_recipe(*tiny_models)
+    raw["validation"] = {"max_tokens": 16, "num_prompts": 2, "concurrency": [1], "requests_per_level": 2,
+                         "warmup_requests": 0}
+    grpc_url, opts = server.client_target()
+    result = run_validation(grpc_url, parse_recipe(raw), client_options=opts)
+    assert result.equivalence.mismatch_rate == 0.0 and result.bench.levels

@@ -9,7 +9,6 @@ import sys
 import click
 
 from trtspec.openai_api import relay_for_repository
-from trtspec.client.targets import ClientOptions, TLSOptions
 from trtspec.triton.access import RequiredHeader, TlsSettings, exposure_warning
 from trtspec.triton.launch.mpi import planned_launch, with_repository_layout
 from trtspec.triton.launch.server import StopRequested, StopSignals, server_for_repository
@@ -130,7 +129,7 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port:
             err.print(f"warning: {exposed}", markup=False, highlight=False, style="yellow")
         relay = None
         if openai_port is not None:  # stopped (by the ExitStack) before the server
-            url, options = _internal_client_options(server)
+            url, options = server.client_target()
             relay = relay_stack.enter_context(relay_for_repository(
                 repo, url, host=e.host, port=openai_port, chat_template=chat_template, client_options=options))
         if as_json:
@@ -156,12 +155,3 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port:
         server.serve_forever(signals)
         err.print("stopping (draining in-flight requests) ...")
 
-
-def _internal_client_options(server) -> tuple[str, ClientOptions]:
-    """The OpenAI relay is a client of the server's gRPC port like the router's relay: TLS and
-    the required header as the launcher set them."""
-    ic = server.internal_client
-    if ic.tls is None:
-        return server.endpoints.grpc, ClientOptions(headers=ic.headers)
-    tls = TLSOptions(ca=ic.tls.root, cert=ic.tls.cert, key=ic.tls.key, server_name=ic.tls.server_name)
-    return "grpcs://" + server.endpoints.grpc, ClientOptions(tls=tls, headers=ic.headers)

@@ -52,6 +52,7 @@ from trtspec.triton.launch.paths import pytriton_dist
 from trtspec.triton.launch.watchdog import WATCHDOG_MODEL, WatchdogSettings
 from trtspec.triton.render import read_repository_manifest
 from trtspec.triton.launch.watchdog import Watchdog, watchdog_config
+from trtspec.client.targets import ClientOptions, TLSOptions
 from trtspec.triton.access import (INTERNAL_ENV, SECRET_ENV, InternalClient, RequiredHeader, TlsSettings, is_loopback,
                                    new_secret, resolve_host, restricted_args)
 from trtspec.triton.launch.state import owned_python_env, read_records, start_lock, state_dir, write_record
@@ -300,6 +301,15 @@ class TritonServer:
             cmd += ["--model-control-mode=explicit", "--load-model=*",
                     f"--model-repository={self.workdir / 'watchdog_repository'}"]
         return cmd + list(self.extra_args)
+
+    def client_target(self):
+        """(url, ClientOptions) for a trtspec client of this server from the same host (the OpenAI
+        relay, ``trtspec run``'s validation): TLS and the required header as the launch set them."""
+        ic = self.internal_client
+        if ic.tls is None:
+            return self.endpoints.grpc, ClientOptions(headers=ic.headers)
+        tls = TLSOptions(ca=ic.tls.root, cert=ic.tls.cert, key=ic.tls.key, server_name=ic.tls.server_name)
+        return "grpcs://" + self.endpoints.grpc, ClientOptions(tls=tls, headers=ic.headers)
 
     def _write_watchdog_model(self) -> None:
         d = self.workdir / "watchdog_repository" / WATCHDOG_MODEL
