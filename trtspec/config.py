@@ -487,6 +487,11 @@ class RuntimeConfig(Strict):
 NATIVE_KERNELS: dict[tuple[str, str], str] = {
     ("int8_wo", "cpu"): "INT8 weights, aten._weight_int8pack_mm (bf16 activations)",
     ("int8_wo", "cuda"): "INT8 weights, dequantized to bf16 per matmul",
+    ("int4_wo", "cpu"): "INT4 weights (blocks of 128), aten._weight_int4pack_mm_for_cpu (bf16 activations)",
+    ("int4_wo", "cuda"): "INT4 weights (blocks of 128), dequantized to bf16 per matmul",
+    ("int4_awq", "cpu"): "INT4 weights (blocks of 128) with AWQ activation scales, "
+                         "aten._weight_int4pack_mm_for_cpu (bf16 activations)",
+    ("int4_awq", "cuda"): "INT4 weights (blocks of 128) with AWQ activation scales, dequantized to bf16 per matmul",
 }
 
 

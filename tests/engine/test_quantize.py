@@ -149,14 +149,14 @@ def test_quantized_target_speculative_greedy_equals_plain(fmt, quantized_target,
     from trtspec.speculative.sampling import SamplingParams
 
     from trtspec.config import NATIVE_KERNELS
-    from trtspec.speculative.model import Int8Linear
+    from trtspec.speculative.model import Int4Linear, Int8Linear
 
     _, draft_dir = tiny_models
     out = quantized_target(fmt).out_dir
     target = load_model(str(out), torch.float32, torch.device("cpu"))  # quantized_kernels: native
     native = (fmt, "cpu") in NATIVE_KERNELS
     assert any(type(m).__name__ == "QuantLinear" for m in target.modules()) == (not native)
-    assert any(isinstance(m, Int8Linear) for m in target.modules()) == native
+    assert any(isinstance(m, (Int8Linear, Int4Linear)) for m in target.modules()) == native
     draft = load_model(str(draft_dir), torch.float32, torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(str(out))  # the export carries the tokenizer
     prompts = [tok(p, add_special_tokens=False)["input_ids"][:32] for p in stdlib_snippets(2)]
@@ -193,6 +193,44 @@ def test_int8_wo_target_runs_on_int8_kernels_with_the_checkpoints_own_values(qua
     with torch.inference_mode():
         a, b = native(x, None), emulated(x, None)
     assert (a - b).abs().max() < 0.05 * float(b.abs().max())  # bf16 activations in the INT8 kernel
+    assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.97
+
+
+@pytest.mark.parametrize("fmt", ["int4_wo", "int4_awq"])
+def test_int4_target_runs_on_int4_kernels_with_the_checkpoints_own_values(fmt, quantized_target):
+    """runtime.quantized_kernels native for INT4 weight-only (blocks of 128) and INT4-AWQ: the
+    export runs on Int4Linear (torch's CPU INT4 kernel) with ModelOpt's own INT4 values
+    (round(w * 7 / amax) per block, read back from its fake-quant grid: no second quantization)
+    and, for AWQ, its activation pre-scales; logits within bf16-activation rounding of ModelOpt's
+    fake-quant, the same greedy tokens."""
+    from trtspec.quantize.runtime import load_quantized
+    from trtspec.speculative.model import Int4Linear
+
+    out = quantized_target(fmt).out_dir
+    native, emulated = load_quantized(out), load_quantized(out, kernels="emulated")
+    assert native.weight_only == "int4" and not native.modelopt_quantized and emulated.modelopt_quantized
+    awq = fmt == "int4_awq"
+    for i, layer in enumerate(native.model.layers):
+        ref = emulated.model.layers[i]
+        if awq:  # one AWQ pre-scale per projection: q, k, v, gate and up keep their own matmul
+            pairs = [(getattr(layer.self_attn, n), [getattr(ref.self_attn, n)]) for n in ("q_proj", "k_proj", "v_proj")]
+            pairs += [(getattr(layer.mlp, n), [getattr(ref.mlp, n)]) for n in ("gate_proj", "up_proj")]
+        else:
+            pairs = [(layer.self_attn.fused, [ref.self_attn.q_proj, ref.self_attn.k_proj, ref.self_attn.v_proj]),
+                     (layer.mlp.fused, [ref.mlp.gate_proj, ref.mlp.up_proj])]
+        for lin, parts in pairs + [(layer.self_attn.o_proj, [ref.self_attn.o_proj]),
+                                   (layer.mlp.down_proj, [ref.mlp.down_proj])]:
+            assert isinstance(lin, Int4Linear) and (lin.pre_quant_scale is not None) == awq
+            folded = torch.cat([p.weight for p in parts])  # ModelOpt's fake-quantized weights (q * amax / 7)
+            out_f, in_f = folded.shape
+            blocks = folded.view(out_f, in_f // 128, 128)
+            assert torch.allclose(lin.qweight.float().view_as(blocks) * lin.scales.float()[..., None], blocks,
+                                  rtol=1e-2, atol=1e-6)  # the same grid, with the scales in bf16
+            assert lin.qweight.min() >= -8 and lin.qweight.max() <= 7
+    x = torch.randint(0, native.args.vocab_size, (2, 48), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a, b = native(x, None), emulated(x, None)
+    assert (a - b).abs().max() < 0.05 * float(b.abs().max())  # bf16 activations in the INT4 kernel
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.97
 
 

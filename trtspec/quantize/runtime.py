@@ -29,8 +29,8 @@ import torch.nn.functional as F
 
 from trtspec.errors import ModelError
 from trtspec.config import NATIVE_KERNELS
-from trtspec.speculative.model import (Attention, CausalLM, Int8Linear, ModelArgs, quantize_layer_weight_only_,
-                                       read_hf_config, rotate_half)
+from trtspec.speculative.model import (Attention, CausalLM, Int4Linear, Int8Linear, ModelArgs, int4_layer_,
+                                       quantize_layer_weight_only_, read_hf_config, rotate_half)
 from trtspec.manifest import read_manifest
 from trtspec.quantize import nvfp4_cpu
 
@@ -189,7 +189,7 @@ def load_quantized(
 ) -> CausalLM:
     """Load a ``trtspec quantize --export torch`` folder as a CausalLM: on native low-bit kernels
     where ``kernels="native"`` and the format has them on ``device`` (config.NATIVE_KERNELS; INT8
-    weight-only: :func:`native_weight_only`), else ModelOpt's fake-quant."""
+    and INT4 weight-only: :func:`native_weight_only`), else ModelOpt's fake-quant."""
     import modelopt.torch.opt as mto
 
 
@@ -222,44 +222,77 @@ def load_quantized(
 
 @torch.no_grad()
 def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
-    """The ModelOpt INT8 weight-only model ``qmodel`` (restored, not folded) as a plain CausalLM
-    whose quantized linears are :class:`~trtspec.speculative.model.Int8Linear`, built from the
-    checkpoint's own weights and per-channel ``amax``: the INT8 values are those ModelOpt's
-    fake-quant computes with (read back from its output), no second quantization. None when
-    the checkpoint quantizes anything this path cannot run (activations, the KV cache, blocks, a
-    width other than 8 bits): the caller then keeps the fake-quant model."""
+    """The ModelOpt weight-only model ``qmodel`` (restored, not folded) as a plain CausalLM on
+    native kernels: INT8 per output channel (``int8_wo``) on :class:`~trtspec.speculative.model.Int8Linear`,
+    INT4 in blocks of 128 (``int4_wo``, ``int4_awq`` with its activation pre-scales) on
+    :class:`~trtspec.speculative.model.Int4Linear`. Built from the checkpoint's own weights and
+    ranges (``amax``): the integer values are those ModelOpt's fake-quant computes with (read back
+    from its output), no second quantization. None when the checkpoint quantizes anything this
+    path cannot run (activations, the KV cache, other widths or blocks, a partly quantized layer,
+    shapes torch's INT4 kernel refuses): the caller then keeps the fake-quant model."""
     amax: dict[str, torch.Tensor] = {}
-    grid: dict[str, torch.Tensor] = {}  # ModelOpt's fake-quantized weights: q * amax / 127
+    pqs: dict[str, torch.Tensor] = {}  # AWQ: the activations' per-channel factor
+    grid: dict[str, torch.Tensor] = {}  # ModelOpt's fake-quantized weights
+    bits = set()
     for name, mod in qmodel.named_modules():
-        for q in ("input_quantizer", "output_quantizer", "k_bmm_quantizer", "v_bmm_quantizer",
-                  "q_bmm_quantizer", "p_bmm_quantizer"):
+        for q in ("output_quantizer", "k_bmm_quantizer", "v_bmm_quantizer", "q_bmm_quantizer", "p_bmm_quantizer"):
             if getattr(getattr(mod, q, None), "is_enabled", False):
                 return None
+        iq = getattr(mod, "input_quantizer", None)
+        if getattr(iq, "is_enabled", False):
+            return None
         wq = getattr(mod, "weight_quantizer", None)
         if wq is None or not wq.is_enabled:
             continue
-        if wq.num_bits != 8 or wq.axis != 0 or wq.block_sizes or wq.amax is None:
+        if wq.amax is None:
+            return None
+        if wq.num_bits == 8 and wq.axis == 0 and not wq.block_sizes:
+            bits.add(8)
+        elif wq.num_bits == 4 and _blocks_of(wq) == INT4_GROUP:
+            bits.add(4)
+        else:
             return None
         amax[name] = wq.amax
+        if getattr(iq, "pre_quant_scale", None) is not None:
+            pqs[name] = iq.pre_quant_scale
         grid[f"{name}.weight"] = wq(mod.weight)
-    if not amax:
+    if len(bits) != 1 or (pqs and bits != {4}):
         return None
+    width = bits.pop()
     model = CausalLM(args)
     plain = model.state_dict()
-    # the quantized projections get ModelOpt's own fake-quantized values, from which Int8Linear
-    # reads the INT8 integers back exactly (round(q * amax / 127 * 127 / amax) = q)
+    # the quantized projections get ModelOpt's own fake-quantized values, from which the native
+    # linears read the integers back exactly (round(q * amax / m * m / amax) = q)
     state = {k: grid.get(k, v) for k, v in qmodel.state_dict().items() if k in plain}
     model.load_state_dict(state, strict=True)  # every plain weight comes from the checkpoint
     model.to(dtype=next(qmodel.parameters()).dtype)
     projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-    for i, layer in enumerate(model.model.layers):
-        prefix = f"model.layers.{i}."
-        where = {n: f"{prefix}{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}" for n in projections}
-        missing = [w for w in where.values() if w not in amax]
-        if missing:  # a partly quantized layer (e.g. a recipe that skips some projections)
-            return None
-        quantize_layer_weight_only_(layer.self_attn, layer.mlp, {n: amax[w] for n, w in where.items()})
-    if "lm_head" in amax:
-        model.lm_head = Int8Linear(model.lm_head.weight, None, amax["lm_head"])
-    model.weight_only = "int8"
+    try:
+        for i, layer in enumerate(model.model.layers):
+            prefix = f"model.layers.{i}."
+            where = {n: f"{prefix}{'self_attn' if n[0] in 'qkvo' else 'mlp'}.{n}" for n in projections}
+            if any(w not in amax for w in where.values()):  # a partly quantized layer
+                return None
+            ranges = {n: amax[w] for n, w in where.items()}
+            if width == 8:
+                quantize_layer_weight_only_(layer.self_attn, layer.mlp, ranges)
+            else:
+                int4_layer_(layer.self_attn, layer.mlp, ranges, {n: pqs[w] for n, w in where.items() if w in pqs},
+                            INT4_GROUP)
+        if "lm_head" in amax:
+            model.lm_head = (Int8Linear(model.lm_head.weight, None, amax["lm_head"]) if width == 8 else
+                             Int4Linear(model.lm_head.weight, None, amax["lm_head"], INT4_GROUP, pqs.get("lm_head")))
+    except ModelError:  # a shape torch's INT4 kernel does not take
+        return None
+    model.weight_only = f"int{width}"
     return model
+
+
+INT4_GROUP = 128  # ModelOpt's INT4 block (int4_wo, int4_awq): input channels per scale
+
+
+def _blocks_of(wq) -> int | None:
+    """The block size of a weight quantizer that quantizes blocks along the input channels."""
+    b = wq.block_sizes or {}
+    size = b.get(-1)
+    return size if size and set(b) <= {-1, "type"} and b.get("type", "static") == "static" else None

@@ -142,6 +142,85 @@ class Int8Linear(nn.Module):
         return self.qweight.float() * self.scales.float()[:, None]
 
 
+class Int4Linear(nn.Module):
+    """A linear layer with INT4 weights in blocks of ``group`` input channels (W4A16), as ModelOpt's
+    ``int4_wo`` / ``int4_awq`` store them: per block ``scale = amax / 7``, ``q = round(w / scale)``
+    in [-8, 7], symmetric. On CPU the matmul runs in torch's INT4 kernel
+    (``aten._weight_int4pack_mm_for_cpu``, bf16 activations; weights read as half a byte);
+    elsewhere they are dequantized per call. ``pre_quant_scale`` (AWQ): the per-input-channel
+    factor ModelOpt applies to the activations before the quantized matmul. Inference only."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, amax: torch.Tensor, group: int = 128,
+                 pre_quant_scale: torch.Tensor | None = None):
+        """``weight``: the checkpoint's weights (or ModelOpt's fake-quantized grid of them);
+        ``amax``: the calibrated range of each block, ``out * in / group`` values in row order."""
+        super().__init__()
+        w = weight.detach().float()
+        out_f, in_f = w.shape
+        if in_f % group or out_f % 16:
+            raise ModelError(f"INT4 weight-only: a {out_f}x{in_f} weight does not fit blocks of {group} "
+                             "(input channels) and torch's INT4 kernel (output channels a multiple of 16)",
+                             fix="keep this model on emulated kernels (runtime.quantized_kernels: emulated)")
+        a = amax.detach().float().reshape(out_f, in_f // group).clamp_min(1e-12)
+        scale = a / 7.0
+        q = torch.round(w.view(out_f, in_f // group, group) / scale[..., None]).clamp_(-8, 7)
+        self.group = group
+        self.register_buffer("qweight", q.view(out_f, in_f).to(torch.int8).contiguous())  # the INT4 values
+        self.register_buffer("scales", scale.to(torch.bfloat16).contiguous())  # [out, groups]
+        self.packed = None  # torch's CPU INT4 layout, made on first use on CPU
+        self.pre_quant_scale = None if pre_quant_scale is None else pre_quant_scale.detach().clone()
+        self.bias = None if bias is None else bias.detach().clone()
+
+    def _pack(self):
+        q = (self.qweight.to(torch.int32) + 8).contiguous()
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        zeros = torch.zeros_like(self.scales)
+        self.packed = (packed, torch.stack([self.scales.t(), zeros.t()], dim=-1).contiguous())
+        return self.packed
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        if self.pre_quant_scale is not None:
+            x = x * self.pre_quant_scale.to(x.dtype)
+        x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
+        if self.qweight.is_cpu:
+            packed, scales_zeros = self.packed or self._pack()
+            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group, scales_zeros)
+        else:
+            out_f, in_f = self.qweight.shape
+            w = (self.qweight.view(out_f, in_f // self.group, self.group).to(torch.bfloat16)
+                 * self.scales[..., None]).view(out_f, in_f)
+            y = F.linear(x2, w)
+        y = y.to(x.dtype).view(*lead, -1)
+        return y if self.bias is None else y + self.bias
+
+
+@torch.no_grad()
+def int4_layer_(at: "Attention", mlp: "MLP", amax: dict[str, torch.Tensor],
+                pre_quant_scale: dict[str, torch.Tensor] | None = None, group: int = 128) -> None:
+    """One decoder layer's projections in INT4 (:class:`Int4Linear`), from ModelOpt's block ranges
+    ``amax`` per projection name. Without AWQ scales q|k|v and gate|up are fused, as for INT8;
+    with them (one per projection, generally different) each projection keeps its own."""
+    pqs = pre_quant_scale or {}
+    mods = {"q_proj": at, "k_proj": at, "v_proj": at, "o_proj": at, "gate_proj": mlp, "up_proj": mlp,
+            "down_proj": mlp}
+    if not pqs:
+        bias = None if at.q_proj.bias is None else torch.cat([at.q_proj.bias, at.k_proj.bias, at.v_proj.bias])
+        at.fused = Int4Linear(torch.cat([at.q_proj.weight, at.k_proj.weight, at.v_proj.weight]), bias,
+                              torch.cat([amax[n].reshape(-1) for n in ("q_proj", "k_proj", "v_proj")]), group)
+        mlp.fused = Int4Linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]), None,
+                               torch.cat([amax[n].reshape(-1) for n in ("gate_proj", "up_proj")]), group)
+        for name in ("q_proj", "k_proj", "v_proj"):
+            setattr(at, name, nn.Identity())
+        mlp.gate_proj, mlp.up_proj = nn.Identity(), nn.Identity()
+        names = ("o_proj", "down_proj")
+    else:
+        names = tuple(mods)
+    for name in names:
+        lin = getattr(mods[name], name)
+        setattr(mods[name], name, Int4Linear(lin.weight, lin.bias, amax[name], group, pqs.get(name)))
+
+
 @torch.no_grad()
 def quantize_layer_weight_only_(at: "Attention", mlp: "MLP", amax: dict[str, torch.Tensor] | None = None) -> None:
     """One decoder layer's projections in INT8: q|k|v and gate|up fused into one
@@ -168,7 +247,7 @@ def _linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
     t = type(mod)
     if t is nn.Linear:
         return F.linear(x, mod.weight, mod.bias)
-    if t is Int8Linear:
+    if t is Int8Linear or t is Int4Linear:
         return mod.forward(x)
     return mod(x)
 
