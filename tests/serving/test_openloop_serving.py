@@ -70,8 +70,11 @@ def test_request_rates_run_abba_per_level_with_goodput_and_exports(server, tiny_
                    for role in ("speculative", "baseline")}
         assert sorted(by_role["speculative"]) == sorted(by_role["baseline"])
     assert len({r["max_tokens"] for r in recs}) > 1  # synthetic output lengths, stddev 3
-    # ignore-eos: said per model whether the ensemble can honour it
+    # ignore-eos: the ensembles take min_length, so every output is exactly its requested length
+    # (EOS suppressed until then), on both models; the report says how it was honoured
     assert set(d["ignore_eos"]) == {"speculative", "baseline"}
+    assert all(v.startswith("min_length via") for v in d["ignore_eos"].values()), d["ignore_eos"]
+    assert [sum(r["chunk_tokens"]) for r in recs] == [r["max_tokens"] for r in recs]
     # exports: per model and level, the stamped genai-perf files
     ex = tmp_path / "exports"
     names = sorted(p.name for p in ex.iterdir())
