@@ -582,6 +582,10 @@ class Serving(Strict):
         "worker", description="torch runtime: where a served engine runs. worker: its own process, loop on its "
         "main thread (torch's CPU kernels run as in-process; the python stub relays; docs/serving.md); "
         "thread: a thread of the python stub (the weights in the stub; ~0.2 ms more per parallel region)")
+    stream_interval: int = Field(
+        1, ge=1, le=1024, description="torch runtime: a streaming response every N engine steps, carrying their "
+        "tokens together (TensorRT-LLM's stream_interval): fewer hops per token through the stub, router and "
+        "postprocessing; the first token and the last are never held (docs/serving.md)")
     tls: ServingTls | None = Field(None, description="gRPC over TLS, end to end (serve --tls-* override it)")
     require_header: str | None = Field(
         None, description="a header every inference/metadata call must carry (a gateway adds it); its value comes "

@@ -29,7 +29,7 @@ TORCH_FREE = (
     "trtspec.trtllm", "trtspec.triton.render", "trtspec.triton.placement", "trtspec.triton.launch",
     "trtspec.triton.procs", "trtspec.triton.backend.routing", "trtspec.triton.backend.router",
     "trtspec.triton.backend.requests", "trtspec.triton.backend.common", "trtspec.triton.backend.cancel",
-    "trtspec.triton.backend.detok", "trtspec.triton.backend.watchdog_model", "trtspec.triton.backend.bls",
+    "trtspec.triton.backend.detok", "trtspec.triton.backend.coalesce", "trtspec.triton.backend.watchdog_model", "trtspec.triton.backend.bls",
     "trtspec.triton.backend.llmapi", "trtspec.triton.backend.tokenizer",
     "trtspec.client", "trtspec.validate", "trtspec.deploy", "trtspec.speculative.stats", "trtspec.run_report",
     "trtspec.speculative.loaders", "trtspec.cli.app", "trtspec.cli.common", "trtspec.cli.inspect",

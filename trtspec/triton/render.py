@@ -162,6 +162,7 @@ class ServingInputs:
     add_special_tokens: bool = False
     decoupled: bool = True  # serving.decoupled (NVIDIA's decoupled_mode)
     engine_process: str = "worker"  # serving.engine_process (torch runtime)
+    stream_interval: int = 1  # serving.stream_interval (torch runtime)
     end_id: int = -1  # the target's EOS, as the engine uses it; -1 = unknown (the model's own applies)
     pad_id: int = -1
     max_prompt_bytes: int = 1_048_576  # preprocessing refuses a longer text_input before tokenizing
@@ -242,6 +243,7 @@ def inputs_from_recipe(
         max_draft_len=recipe.max_draft_len,
         decoupled=recipe.serving.decoupled,
         engine_process=recipe.serving.engine_process,
+        stream_interval=recipe.serving.stream_interval,
         end_id=end_id,
         pad_id=pad_id,
         runtime_spec=spec,
@@ -366,6 +368,7 @@ def torch_engine_plan(name: str, inp: ServingInputs, spec, served_by: str) -> Mo
         "decoupled": inp.decoupled,
         "exclude_input_in_output": False,
         "engine_process": inp.engine_process,
+        "stream_interval": inp.stream_interval,
     }, files={f"1/{RUNTIME_SPEC_FILE}": spec.to_json() + "\n"}, role=f"{served_by} engine (torch runtime)")
 
 

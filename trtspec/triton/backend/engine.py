@@ -37,6 +37,7 @@ from trtspec.speculative.engine import BackgroundEngine
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
 from trtspec.triton.access import secret_from_env, verify_stop_id
 from trtspec.triton.backend.guard import check_draft_ids, check_sizes, is_fatal_device_error
+from trtspec.triton.backend.coalesce import coalesced
 from trtspec.triton.backend.worker import WorkerEngine
 
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
@@ -270,6 +271,8 @@ class EngineModel:
         spec = RuntimeSpec.from_json(spec_path.read_text())
         max_queue = int(p.get("max_queue_size") or 0) or 1024
         self.engine_process = p.get("engine_process", "thread")
+        # serving.stream_interval: one streaming response per N engine steps (backend.coalesce)
+        self.stream_interval = max(1, int(p.get("stream_interval") or 1))
         if self.engine_process == "worker":
             # the engine in its own process (trtspec.triton.backend.worker): weights load there only
             self.engine = None
@@ -348,11 +351,15 @@ class EngineModel:
             params = [req.sampling_params(None if req.seed is None else req.seed + i) for i in range(n)]
             group = _Group(n)
             streams = [_Stream(self, sender, req, request.request_id(), i, group) for i in range(n)]
+            if self.engine_process == "worker":  # the worker coalesces before its frames cross
+                kwargs["coalesce"] = (self.stream_interval, req.streaming)
             for stream, sp in zip(streams, params):
                 self.metrics.apply([("increment", "trtspec_inflight_requests", 1, {})])
                 self._remember(stream)
+                on_event = stream.on_event if self.engine_process == "worker" else \
+                    coalesced(stream.on_event, self.stream_interval, req.streaming)
                 try:
-                    self.background.submit(req.input_ids, sp, stream.on_event, **kwargs)
+                    self.background.submit(req.input_ids, sp, on_event, **kwargs)
                 except BaseException:
                     self.forget(stream)
                     self.metrics.apply([("increment", "trtspec_inflight_requests", -1, {})])

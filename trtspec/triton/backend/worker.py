@@ -8,9 +8,10 @@ weights load once, in the worker; the stub loads none.
 
 Wire: one Unix socketpair, :class:`multiprocessing.connection.Connection` frames (length-prefixed
 pickles). Per engine step the worker sends one small frame per request that produced tokens
-(ids, counters): tens of µs against a step of milliseconds.
+(ids, counters): tens of µs against a step of milliseconds; with ``coalesce`` (interval, streaming)
+one per ``interval`` steps (:mod:`trtspec.triton.backend.coalesce`, serving.stream_interval).
 
-    stub → worker   ("submit", rid, prompt, params, draft_tokens)   ("cancel", rid)   ("shutdown",)
+    stub → worker   ("submit", rid, prompt, params, draft_tokens, coalesce)   ("cancel", rid)   ("shutdown",)
     worker → stub   ("ready", info) | ("failed", message)            once, after the engine is built
                     ("submitted", rid, None | (kind, message, fix))  the answer to each submit
                     ("event", rid, WireEvent)                        each step's output per request
@@ -38,6 +39,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from trtspec.errors import TrtspecError, one_line
+from trtspec.triton.backend.coalesce import coalesced
 from trtspec.triton.backend.common import resident_bytes
 
 PYTHON_ENV = "TRTSPEC_WORKER_PYTHON"  # the interpreter to start workers with (set by trtspec's launcher)
@@ -122,13 +124,16 @@ class WorkerEngine:
 
     # ------------------------------------------------------------------ BackgroundEngine's API
 
-    def submit(self, prompt: list[int], params, callback: Callable, draft_tokens: list[int] | None = None) -> int:
+    def submit(self, prompt: list[int], params, callback: Callable, draft_tokens: list[int] | None = None,
+               coalesce: tuple[int, bool] | None = None) -> int:
+        """``coalesce``: (stream_interval, streaming): the worker hands on one event per interval
+        steps (trtspec.triton.backend.coalesce), so fewer frames cross and fewer responses leave."""
         rid = next(self._ids)
         done, answer = threading.Event(), []
         with self._lock:
             self._callbacks[rid] = callback
             self._answers[rid] = (done, answer)
-        self._send(("submit", rid, list(prompt), params, draft_tokens))
+        self._send(("submit", rid, list(prompt), params, draft_tokens, coalesce))
         if not done.wait(60) or not answer:
             with self._lock:
                 self._callbacks.pop(rid, None)
@@ -252,10 +257,15 @@ def serve(conn: Connection) -> int:
         with send_lock:
             conn.send(msg)
 
-    def callback_for(rid: int):
-        def on_event(ev) -> bool | None:
+    def callback_for(rid: int, coalesce: tuple[int, bool] | None):
+        def send_event(ev) -> None:
             send(("event", rid, WireEvent(ev.new_tokens, ev.finished, ev.finish_reason, ev.stats, ev.new_logprobs,
                                           resident_bytes() if ev.finished else None)))
+
+        hand_on = send_event if coalesce is None else coalesced(send_event, *coalesce)
+
+        def on_event(ev) -> bool | None:
+            hand_on(ev)  # every step, or one per interval (a cancel below still stops it at once)
             if ev.finished:
                 cancelled.discard(rid)
                 return None
@@ -269,9 +279,9 @@ def serve(conn: Connection) -> int:
             except (EOFError, OSError):
                 os._exit(0)  # the stub is gone: nobody to answer
             if msg[0] == "submit":
-                _, rid, prompt, params, draft = msg
+                _, rid, prompt, params, draft, coalesce = msg
                 try:
-                    background.submit(prompt, params, callback_for(rid), draft_tokens=draft)
+                    background.submit(prompt, params, callback_for(rid, coalesce), draft_tokens=draft)
                     send(("submitted", rid, None))
                 except TrtspecError as e:
                     send(("submitted", rid, (type(e).__name__, str(e).split("\n")[0], getattr(e, "fix", None))))
