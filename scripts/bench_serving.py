@@ -114,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--engine-process", choices=["worker", "thread"], default=None,
                     help="Override serving.engine_process (default: the recipe's). thread writes "
                          "serving_overhead_thread.{json,md}, so both can be kept side by side.")
+    ap.add_argument("--stream-interval", type=int, default=None,
+                    help="Override serving.stream_interval (default: the recipe's); N > 1 writes "
+                         "serving_overhead[_thread]_si<N>.{json,md}.")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args(argv)
 
@@ -121,8 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.engine_process:
         recipe = recipe.model_copy(update={"serving": recipe.serving.model_copy(
             update={"engine_process": args.engine_process})})
+    if args.stream_interval:
+        recipe = recipe.model_copy(update={"serving": recipe.serving.model_copy(
+            update={"stream_interval": args.stream_interval})})
     mode = recipe.serving.engine_process
     stem = "serving_overhead" if mode == "worker" else f"serving_overhead_{mode}"
+    if recipe.serving.stream_interval > 1:
+        stem += f"_si{recipe.serving.stream_interval}"
     if args.torch_threads:
         rt = recipe.runtime.model_copy(update={"torch_threads": args.torch_threads})
         recipe = recipe.model_copy(update={"runtime": rt})
@@ -190,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         "prompts": len(prompts), "repeats": args.repeats, "torch_threads": spec.torch_threads,
         "server_startup_s": round(startup, 1), "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "goal": "ratio >= 0.9", "paths": rows,
-        "engine_process": mode, "machine_load": machine_load(),
+        "engine_process": mode, "stream_interval": recipe.serving.stream_interval, "machine_load": machine_load(),
         "cache_pressure": {"before": pressure_before, "after": cache_pressure(engines["ensemble"].target, k_verify)},
     }
     out = pathlib.Path(args.out)
@@ -198,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     lines = [
         f"# Serving overhead: {recipe.name} ({recipe.speculation.method}), {len(prompts)} prompts × {args.repeats}, "
-        f"{args.max_tokens} tokens, greedy, engine_process {mode}",
+        f"{args.max_tokens} tokens, greedy, engine_process {mode}, stream_interval {recipe.serving.stream_interval}",
         "",
         "| path | in-process tok/s | Triton stream tok/s | ratio | Triton stream=false tok/s | ratio "
         "| server engine tok/s | stream / server engine | responses/request |",

@@ -127,10 +127,10 @@ def prepare_modelopt() -> None:
         nvfp4_cpu.register()
 
 
-def empty_causal_lm(args: ModelArgs) -> CausalLM:
-    """A CausalLM with uninitialised CPU weights (they are loaded right after)."""
+def empty_causal_lm(args: ModelArgs, dtype: torch.dtype = torch.float32) -> CausalLM:
+    """A CausalLM with uninitialised CPU weights in ``dtype`` (they are loaded right after)."""
     with torch.device("meta"):
-        model = CausalLM(args)
+        model = CausalLM(args).to(dtype)
     model = model.to_empty(device="cpu")
     if args.tie_word_embeddings:
         model.lm_head.weight = model.model.embed_tokens.weight
@@ -207,7 +207,7 @@ def load_quantized(
         raise ModelError(f"{folder}: {STATE_FILE} is missing", fix="re-run trtspec quantize --export torch")
     args = ModelArgs.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"))
     prepare_modelopt()
-    model = empty_causal_lm(args)
+    model = empty_causal_lm(args, dtype)  # in the serving dtype from the start: one copy of the weights
     with quiet():
         model = mto.restore(model, str(state))
         model = model.to(device=device, dtype=dtype)
@@ -232,7 +232,7 @@ def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
     shapes torch's INT4 kernel refuses): the caller then keeps the fake-quant model."""
     amax: dict[str, torch.Tensor] = {}
     pqs: dict[str, torch.Tensor] = {}  # AWQ: the activations' per-channel factor
-    grid: dict[str, torch.Tensor] = {}  # ModelOpt's fake-quantized weights
+    quantized: dict[str, torch.nn.Module] = {}  # name → ModelOpt's quantized linear
     bits = set()
     for name, mod in qmodel.named_modules():
         for q in ("output_quantizer", "k_bmm_quantizer", "v_bmm_quantizer", "q_bmm_quantizer", "p_bmm_quantizer"):
@@ -255,17 +255,22 @@ def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
         amax[name] = wq.amax
         if getattr(iq, "pre_quant_scale", None) is not None:
             pqs[name] = iq.pre_quant_scale
-        grid[f"{name}.weight"] = wq(mod.weight)
+        quantized[name] = mod
     if len(bits) != 1 or (pqs and bits != {4}):
         return None
     width = bits.pop()
-    model = CausalLM(args)
+    # a plain model in the checkpoint's dtype (uninitialised, then every weight from the checkpoint);
+    # one layer at a time its projections get ModelOpt's own fake-quantized values, from which the
+    # native linears read the integers back exactly (round(q * amax / m * m / amax) = q), and the
+    # fp copies are dropped: the peak is the checkpoint and one copy, not three (a 1.5B target)
+    model = empty_causal_lm(args, next(qmodel.parameters()).dtype)
     plain = model.state_dict()
-    # the quantized projections get ModelOpt's own fake-quantized values, from which the native
-    # linears read the integers back exactly (round(q * amax / m * m / amax) = q)
-    state = {k: grid.get(k, v) for k, v in qmodel.state_dict().items() if k in plain}
-    model.load_state_dict(state, strict=True)  # every plain weight comes from the checkpoint
-    model.to(dtype=next(qmodel.parameters()).dtype)
+    model.load_state_dict({k: v for k, v in qmodel.state_dict().items() if k in plain}, strict=True)
+
+    def grid_of(name: str, module: torch.nn.Module) -> None:
+        module.weight = torch.nn.Parameter(quantized[name].weight_quantizer(quantized[name].weight),
+                                           requires_grad=False)
+
     projections = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
     try:
         for i, layer in enumerate(model.model.layers):
@@ -274,12 +279,15 @@ def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
             if any(w not in amax for w in where.values()):  # a partly quantized layer
                 return None
             ranges = {n: amax[w] for n, w in where.items()}
+            for n, w in where.items():
+                grid_of(w, getattr(layer.self_attn if n[0] in "qkvo" else layer.mlp, n))
             if width == 8:
                 quantize_layer_weight_only_(layer.self_attn, layer.mlp, ranges)
             else:
                 int4_layer_(layer.self_attn, layer.mlp, ranges, {n: pqs[w] for n, w in where.items() if w in pqs},
                             INT4_GROUP)
         if "lm_head" in amax:
+            grid_of("lm_head", model.lm_head)
             model.lm_head = (Int8Linear(model.lm_head.weight, None, amax["lm_head"]) if width == 8 else
                              Int4Linear(model.lm_head.weight, None, amax["lm_head"], INT4_GROUP, pqs.get("lm_head")))
     except ModelError:  # a shape torch's INT4 kernel does not take
