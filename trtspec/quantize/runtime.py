@@ -262,10 +262,15 @@ def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
     # a plain model in the checkpoint's dtype (uninitialised, then every weight from the checkpoint);
     # one layer at a time its projections get ModelOpt's own fake-quantized values, from which the
     # native linears read the integers back exactly (round(q * amax / m * m / amax) = q), and the
-    # fp copies are dropped: the peak is the checkpoint and one copy, not three (a 1.5B target)
-    model = empty_causal_lm(args, next(qmodel.parameters()).dtype)
+    # fp copies are dropped: the peak is the checkpoint plus one layer, not three copies (a 1.5B target)
+    with torch.device("meta"):
+        model = CausalLM(args)
     plain = model.state_dict()
-    model.load_state_dict({k: v for k, v in qmodel.state_dict().items() if k in plain}, strict=True)
+    # the checkpoint's own tensors, shared (assign): no second copy of the weights
+    model.load_state_dict({k: v for k, v in qmodel.state_dict().items() if k in plain}, strict=True, assign=True)
+    if args.tie_word_embeddings:
+        model.lm_head.weight = model.model.embed_tokens.weight
+    model._rope_len = 0
 
     def grid_of(name: str, module: torch.nn.Module) -> None:
         module.weight = torch.nn.Parameter(quantized[name].weight_quantizer(quantized[name].weight),
