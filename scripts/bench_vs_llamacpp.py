@@ -103,33 +103,35 @@ _ACCEPT = re.compile(r"n_drafted\s*=\s*(\d+).*?n_accept\s*=\s*(\d+)", re.S)
 
 
 def llamacpp(bin_dir: pathlib.Path, tool: str, ggufs: dict, prompt: str, n: int, threads: int, k: int) -> dict:
-    """One llama.cpp generation: decode tok/s, the generated text, acceptance where it drafts."""
+    """One llama.cpp generation: decode tok/s (tokens after the first / their time), the generated
+    text, acceptance where it drafts. The speculative tools may overshoot ``n`` by up to k tokens."""
     argv = [str(bin_dir / tool), "-m", str(ggufs["target"]), "-p", prompt, "-n", str(n), "--temp", "0",
             "-t", str(threads), "-tb", str(threads), "--ignore-eos", "--seed", "0", "-c", "2048"]
     if tool == "llama-completion":
         argv += ["-no-cnv", "--no-display-prompt"]
-    elif tool == "llama-speculative-simple":
-        argv += ["-md", str(ggufs["draft"]), "--draft-max", str(k), "--draft-min", "0", "-td", str(threads)]
+    elif tool == "llama-speculative-simple":  # greedy drafts of exactly k (as trtspec's), no probability cut
+        argv += ["-md", str(ggufs["draft"]), "--spec-type", "draft-simple", "--spec-draft-n-max", str(k),
+                 "--spec-draft-n-min", "0", "--spec-draft-p-min", "0", "-td", str(threads)]
     elif tool == "llama-lookup":
-        argv += ["--draft-max", str(k)]
+        argv += ["--spec-draft-n-max", str(k)]
     r = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     if r.returncode != 0:
         raise RuntimeError(f"{tool} failed ({r.returncode}): {r.stderr[-800:]}")
     log = r.stdout + r.stderr
     m = _DECODED.search(log)
-    if m:
-        tokens, seconds = int(m.group(1)), float(m.group(2))
+    if m:  # the speculative tools: every generated token, the first (from the prompt's pass) included
+        tokens, seconds = int(m.group(1)) - 1, float(m.group(2))
     else:
         evals = _EVAL.findall(log)
         if not evals:
             raise RuntimeError(f"{tool}: no timing line in its output: {log[-800:]}")
-        ms, runs = evals[-1]  # the context's own line (the sampler's comes first)
+        ms, runs = evals[-1]  # the context's own line: one run per token after the first
         tokens, seconds = int(runs), float(ms) / 1e3
     acc = _ACCEPT.search(log)
     text = r.stdout
     if tool != "llama-completion" and prompt in text:
         text = text.split(prompt, 1)[1]
-    return {"tok_s": tokens / seconds if seconds else 0.0, "tokens": tokens, "seconds": seconds,
+    return {"tok_s": tokens / seconds if seconds else 0.0, "tokens_after_first": tokens, "seconds": seconds,
             "text": text.strip(), **({"drafted": int(acc.group(1)), "accepted": int(acc.group(2))} if acc else {})}
 
 
@@ -234,7 +236,7 @@ def main() -> int:
     def theirs(tool: str):
         def run():
             rs = [llamacpp(bin_dir, tool, ggufs, p, n, args.threads, k) for p in prompts_text]
-            toks, secs = sum(r["tokens"] - 1 for r in rs), sum(r["seconds"] for r in rs)
+            toks, secs = sum(r["tokens_after_first"] for r in rs), sum(r["seconds"] for r in rs)
             drafted = sum(r.get("drafted", 0) for r in rs)
             return {"tok_s": toks / secs if secs else 0.0, "texts": [r["text"] for r in rs],
                     "acceptance_rate": sum(r.get("accepted", 0) for r in rs) / drafted if drafted else None}
@@ -268,8 +270,9 @@ def main() -> int:
             plain = runs[f"trtspec plain, target {label.get(fmt, fmt)}"][0]["outputs"]
             row["identical_to_plain"] = f"{sum(a == b for a, b in zip(best['outputs'], plain))}/{len(plain)}"
         elif name.startswith("llama.cpp") and name != "llama.cpp plain":
-            plain = runs["llama.cpp plain"][0]["texts"]
-            row["identical_to_plain"] = f"{sum(a == b for a, b in zip(best['texts'], plain))}/{len(plain)}"
+            plain = runs["llama.cpp plain"][0]["texts"]  # its speculative tools overshoot n: the common part
+            same = sum(a.startswith(b) or b.startswith(a) for a, b in zip(best["texts"], plain))
+            row["identical_to_plain"] = f"{same}/{len(plain)}"
         rows.append(row)
 
     # --- served: the fastest trtspec speculative configuration, through tritonserver
