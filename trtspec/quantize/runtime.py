@@ -215,6 +215,10 @@ def load_quantized(
         if kernels == "native" and (m.get("format"), dev) in NATIVE_KERNELS:
             native = native_weight_only(model, args)
             if native is not None:
+                # ModelOpt keeps the restored model reachable after this returns: free its own
+                # weights (those the native model shares stay, held by it)
+                for p in model.parameters():
+                    p.data = torch.empty(0, dtype=p.dtype)
                 return native.to(device=device).eval()
         fold_weights(model)
     return model.eval()
