@@ -41,7 +41,7 @@ from bench_engine import cache_pressure  # noqa: E402  (scripts/bench_engine.py:
 from trtspec.config import load_recipe
 from trtspec.prompts import load_prompts
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.prompts, args.num_prompts)
     ids = [tok(p, add_special_tokens=False)["input_ids"][: recipe.limits.max_input_len] for p in prompts]
     prompts = [tok.decode(i) for i in ids]
-    params = SamplingParams(max_new_tokens=args.max_tokens)
+    params = Sampling(max_tokens=args.max_tokens)
 
     rows = {}
     with tempfile.TemporaryDirectory(prefix="trtspec-bench-") as tmp:

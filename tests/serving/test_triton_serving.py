@@ -96,10 +96,10 @@ def in_process(recipe):
 
 
 def greedy(engine, tokenizer, text: str, max_tokens: int = MAX_TOKENS):
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.sampling import Sampling
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    g = engine.generate([ids], SamplingParams(max_new_tokens=max_tokens))[0]
+    g = engine.generate([ids], Sampling(max_tokens=max_tokens))[0]
     return g, tokenizer.decode(g.token_ids, skip_special_tokens=True)
 
 

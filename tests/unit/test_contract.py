@@ -153,9 +153,9 @@ def test_nvidias_request_fields_are_read():
         return_log_probs=one(True, bool), num_return_sequences=one(2, np.int32), random_seed=one(7, np.uint64),
         beam_width=one(1, np.int32), len_penalty=one(0.5, np.float32), temperature=one(0.9, np.float32),
         runtime_top_k=one(4, np.int32)))
-    sp = req.sampling_params(seed=8)
+    sp = req.sequence_sampling(1)
     assert (sp.stop_words, sp.bad_words, sp.min_tokens, sp.logprobs, sp.seed) == (((3, 4), (9,)), ((8,),), 3, True, 8)
-    assert (req.num_return_sequences, req.seed, req.top_k) == (2, 7, 4)
+    assert (req.num_return_sequences, req.sampling.seed, req.sampling.top_k) == (2, 7, 4)
     assert sp.repetition_penalty == pytest.approx(1.2) and sp.frequency_penalty == pytest.approx(0.25)
     with pytest.raises(RequestInputError, match="seed=1 and random_seed=2 disagree"):
         parse_generation(_get(seed=one(1, np.uint64), random_seed=one(2, np.uint64)))
@@ -172,4 +172,4 @@ def test_nvidias_request_fields_are_read():
 def test_trtllms_greedy_rule(tensors, greedy):
     dtypes = {"temperature": np.float32, "runtime_top_k": np.int32, "runtime_top_p": np.float32}
     req = parse_generation(_get(**{k: np.array([[v]], dtypes[k]) for k, v in tensors.items()}))
-    assert req.sampling_params().greedy is greedy
+    assert req.sampling.greedy is greedy

@@ -12,7 +12,7 @@ from trtspec.config import TORCH_METHODS, draft_option_problem, load_recipe
 from trtspec.prompts import load_prompts
 from trtspec.speculative.spec import RuntimeSpec
 from trtspec.speculative.runtime import build_engine
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.speculative.tune import tune as run_tune
 from trtspec.trtllm.bench import bench_plan, read_reports, run_bench
 from trtspec.cli.common import handle_errors, out
@@ -90,7 +90,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
 
     spec = _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
                          draft_weight_only, compile_draft)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    params = Sampling(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = build_engine(spec)
     tok = AutoTokenizer.from_pretrained(target)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]

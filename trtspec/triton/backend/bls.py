@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 from trtspec.triton.backend.common import (
     RequestThreads,
@@ -57,9 +58,9 @@ class DraftTargetBls:
             if req is None:
                 continue
             unsupported = [n for n, on in (("num_return_sequences", req.num_return_sequences > 1),
-                                           ("presence_penalty", req.presence_penalty != 0),
-                                           ("frequency_penalty", req.frequency_penalty != 0),
-                                           ("return_log_probs", req.return_log_probs)) if on]
+                                           ("presence_penalty", req.sampling.presence_penalty != 0),
+                                           ("frequency_penalty", req.sampling.frequency_penalty != 0),
+                                           ("return_log_probs", req.sampling.logprobs)) if on]
             if unsupported or (req.streaming and not self.decoupled):
                 what = (f"input '{unsupported[0]}' is not supported by the draft-target rounds (each round "
                         "re-sends the context as a new prompt)" if unsupported
@@ -84,10 +85,8 @@ class DraftTargetBls:
         # each round re-sends the whole context as the prompt: the processors that depend only on the
         # sequence so far (repetition penalty, bad words, stop words) carry over; min_tokens counts on
         sub = GenerationRequest(
-            input_ids=context, max_tokens=n, streaming=False, temperature=req.temperature, top_k=req.top_k,
-            top_p=req.top_p, seed=req.seed, end_id=req.end_id, pad_id=req.pad_id, draft_input_ids=drafts or None,
-            repetition_penalty=req.repetition_penalty, bad_words=req.bad_words, stop_words=req.stop_words,
-            min_tokens=max(0, req.min_tokens - generated),
+            input_ids=context, streaming=False, draft_input_ids=drafts or None,
+            sampling=replace(req.sampling, max_tokens=n, min_tokens=max(0, req.sampling.min_tokens - generated)),
         )
         bls = pb.InferenceRequest(
             model_name=model,
@@ -114,8 +113,8 @@ class DraftTargetBls:
         out: list[int] = []
         pending: list[int] = []  # non-streaming: everything
         reason = "length"
-        while len(out) < req.max_tokens:
-            remaining = req.max_tokens - len(out)
+        while len(out) < req.sampling.max_tokens:
+            remaining = req.sampling.max_tokens - len(out)
             k = min(self.num_draft_tokens, remaining - 1)
             t0 = time.perf_counter()
             drafts = self._generate(self.draft, req, context, k, generated=len(out)) if k > 0 else []
@@ -125,8 +124,8 @@ class DraftTargetBls:
             stats.record_step(drafted=len(drafts), accepted=common_prefix(drafts, produced),
                               draft_s=t1 - t0, verify_s=t2 - t1)
             new = produced[:remaining]
-            if req.end_id is not None and req.end_id in new:
-                new = new[: new.index(req.end_id)]
+            if req.sampling.end_id is not None and req.sampling.end_id in new:
+                new = new[: new.index(req.sampling.end_id)]
                 reason = "stop"
             elif len(produced) < len(drafts) + 1:
                 reason = "stop"  # the target stopped early: end of sequence
@@ -136,7 +135,7 @@ class DraftTargetBls:
             context.extend(new)
             stats.generated = len(out)
             stats.output_ids = list(out)
-            done = reason == "stop" or len(out) >= req.max_tokens
+            done = reason == "stop" or len(out) >= req.sampling.max_tokens
             if done:
                 stats.finish_reason = reason
                 stats.total_s = time.perf_counter() - t_start
