@@ -378,6 +378,10 @@ class Stage:
     does: ClassVar[dict[str, str]]
     output: ClassVar[type]
 
+    def __init_subclass__(cls, *, name: str, output: type, does: dict[str, str], **kw):
+        super().__init_subclass__(**kw)
+        cls.name, cls.output, cls.does = name, output, does
+
     def describe(self, recipe: Recipe) -> str:
         return self.does[runtime_family(recipe)]
 
@@ -390,12 +394,9 @@ class Stage:
         return self.output.from_dict(d)
 
 
-class Check(Stage):
-    name = "check"
-    does = {"torch": "preflight checks of the recipe, models and machine (check.json)",
-            "trtllm": "preflight checks of the recipe, models, machine and TRT-LLM launch plan (check.json)"}
-    output = Checked
-
+class Check(Stage, name="check", output=Checked,
+            does={"torch": "preflight checks of the recipe, models and machine (check.json)",
+                  "trtllm": "preflight checks of the recipe, models, machine and TRT-LLM launch plan (check.json)"}):
     def run(self, p: "Pipeline") -> Checked:
         report = run_checks(p.recipe, p.source)
         (p.workdir / "check.json").write_text(json.dumps(report.to_dict(), indent=2) + "\n")
@@ -407,12 +408,9 @@ class Check(Stage):
         return Checked(len(report.checks), sum(c.status == "warn" for c in report.checks), report.plan)
 
 
-class Quantize(Stage):
-    name = "quantize"
-    does = {"torch": "ModelOpt post-training quantization of the target / draft the recipe quantizes (torch export)",
-            "trtllm": "nothing: TRT-LLM flows quantize inside their build plan (skipped)"}
-    output = Quantized
-
+class Quantize(Stage, name="quantize", output=Quantized,
+               does={"torch": "ModelOpt post-training quantization of the target / draft the recipe quantizes (torch export)",
+                     "trtllm": "nothing: TRT-LLM flows quantize inside their build plan (skipped)"}):
     def run(self, p: "Pipeline") -> Quantized | Skipped:
         if runtime_family(p.recipe) != "torch":
             # TRT-LLM flows quantize inside their build plan (TRT-LLM's quantize.py / ModelOpt HF export)
@@ -441,15 +439,13 @@ class Quantize(Stage):
         return Quantized(models)
 
 
-class BuildOrTune(Stage):
+class BuildOrTune(Stage, name="build", output=Tuned,
+                  does={"torch": "tune: measure acceptance per draft position on the torch engine, recommend "
+                                 "max_draft_len (nothing to compile; skipped for ordinary decoding)",
+                        "trtllm": "build the TensorRT-LLM engines / LLM-API plan (trtspec.trtllm.build)"}):
     """``build``: TensorRT-LLM engines for a TRT-LLM runtime; on the torch runtime there is nothing
     to compile, so it measures the draft's acceptance on the torch engine and recommends max_draft_len."""
 
-    name = "build"
-    does = {"torch": "tune: measure acceptance per draft position on the torch engine, recommend max_draft_len "
-                     "(nothing to compile; skipped for ordinary decoding)",
-            "trtllm": "build the TensorRT-LLM engines / LLM-API plan (trtspec.trtllm.build)"}
-    output = Tuned
 
     def read(self, d: dict) -> StageOutput:
         if "trtllm_manifest" in d:
@@ -487,12 +483,9 @@ class BuildOrTune(Stage):
                      cost_ratio=round(res.cost_ratio, 4))
 
 
-class Package(Stage):
-    name = "package"
-    does = {"torch": "render the Triton model repository (torch engine behind the tensorrtllm contract)",
-            "trtllm": "render the Triton model repository around the built engines"}
-    output = Packaged
-
+class Package(Stage, name="package", output=Packaged,
+              does={"torch": "render the Triton model repository (torch engine behind the tensorrtllm contract)",
+                    "trtllm": "render the Triton model repository around the built engines"}):
     def run(self, p: "Pipeline") -> Packaged:
         target, draft = p.model_dirs()
         build_dir = p.stage_dir(BuildOrTune.name) / "trtllm" if runtime_family(p.recipe) != "torch" else None
@@ -502,23 +495,18 @@ class Package(Stage):
         return Packaged(str(repo), [getattr(m, "name", str(m)) for m in (models or [])])
 
 
-class ServeForValidation(Stage):
+class ServeForValidation(Stage, name="serve", output=Skipped,
+                         does={"torch": "start tritonserver on the repository, inside validate (recorded there)",
+                               "trtllm": "not here: serve inside NVIDIA's Triton TRT-LLM container"}):
     """``serve`` has no run of its own: :class:`Validate` starts tritonserver on the packaged
     repository and stops it when validation ends, so the server lives only as long as it is needed.
     It stays a stage name (--from/--until, the report's stage table, the cache keys' order)."""
 
-    name = "serve"
-    does = {"torch": "start tritonserver on the repository, inside validate (recorded there)",
-            "trtllm": "not here: serve inside NVIDIA's Triton TRT-LLM container"}
-    output = Skipped
 
 
-class Validate(Stage):
-    name = "validate"
-    does = {"torch": "serve the repository and validate it against the recipe's gates (equivalence, speed, acceptance)",
-            "trtllm": "refused here: validate inside NVIDIA's Triton TRT-LLM container"}
-    output = Validated
-
+class Validate(Stage, name="validate", output=Validated,
+               does={"torch": "serve the repository and validate it against the recipe's gates (equivalence, speed, acceptance)",
+                     "trtllm": "refused here: validate inside NVIDIA's Triton TRT-LLM container"}):
     def run(self, p: "Pipeline") -> Validated:
         if runtime_family(p.recipe) != "torch":
             raise StageError(
@@ -555,12 +543,9 @@ class Validate(Stage):
                          speedup=result.speedup, acceptance=result.acceptance)
 
 
-class Report(Stage):
-    name = "report"
-    does = {"torch": "write the run report (report.md / report.json) from the stages' outputs",
-            "trtllm": "write the run report (report.md / report.json) from the stages' outputs"}
-    output = Reported
-
+class Report(Stage, name="report", output=Reported,
+             does={"torch": "write the run report (report.md / report.json) from the stages' outputs",
+                   "trtllm": "write the run report (report.md / report.json) from the stages' outputs"}):
     def run(self, p: "Pipeline") -> Reported:
         out = p.stage_dir(self.name)
         with atomic_dir(out) as tmp:
