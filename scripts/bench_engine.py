@@ -23,7 +23,6 @@ Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-d
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import pathlib
@@ -261,10 +260,10 @@ def main() -> int:
             from trtspec.speculative import eagle3  # noqa: F401
             from trtspec.speculative.proposers import REGISTRY
 
-            spec = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k, max_batch_size=1,
-                               max_seq_len=max_len)
+            spec = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k,
+                               limits={"max_batch_size": 1, "max_seq_len": max_len})
             configs["f"] = (f"ours EAGLE-3 (K={k})", ours(lambda: REGISTRY["eagle3"](spec, target, dtype, torch.device("cpu"))))
-            spec8 = dataclasses.replace(spec, draft_weight_only="int8")
+            spec8 = spec.with_runtime(draft_weight_only="int8")
             configs["f8"] = (f"ours EAGLE-3, INT8 head (K={k})",
                              ours(lambda: REGISTRY["eagle3"](spec8, target, dtype, torch.device("cpu"))))
         except Exception as e:  # noqa: BLE001 - the head is optional here

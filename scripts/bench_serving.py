@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "recipe": recipe.name, "method": recipe.speculation.method, "max_tokens": args.max_tokens,
-        "prompts": len(prompts), "repeats": args.repeats, "torch_threads": spec.torch_threads,
+        "prompts": len(prompts), "repeats": args.repeats, "torch_threads": spec.runtime.torch_threads,
         "server_startup_s": round(startup, 1), "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "goal": "ratio >= 0.9", "paths": rows,
         "engine_process": mode, "stream_interval": recipe.serving.stream_interval, "machine_load": machine_load(),
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
               "process, interleaved prompt by prompt; goal ratio ≥ 0.9. 'server engine' times the same stream "
               "requests inside the server (perf_json total_s), so 'stream / server engine' is the cost of the "
               f"Triton path alone (tokenizer, router, detokenizer, gRPC). OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
-              f"torch threads {spec.torch_threads}. Cache pressure (scripts/bench_engine.py: verify after a "
+              f"torch threads {spec.runtime.torch_threads}. Cache pressure (scripts/bench_engine.py: verify after a "
               f"draft-long pause / back to back) {result['cache_pressure']['before']['pressure']} before, "
               f"{result['cache_pressure']['after']['pressure']} after; {result['machine_load']}. "
               f"Server startup {startup:.1f} s. Outputs differing from "

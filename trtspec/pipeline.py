@@ -25,7 +25,7 @@ import os
 import pathlib
 import subprocess
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, ClassVar
 
 from trtspec.config import Recipe, recipe_to_dict
@@ -459,10 +459,9 @@ class BuildOrTune(Stage, name="build", output=Tuned,
         if p.recipe.speculation.method == "none":
             return Skipped("ordinary decoding: nothing to tune")
         target, draft = p.model_dirs()
-        spec = RuntimeSpec.from_recipe(p.recipe, target=target, draft=draft)
-        spec.max_batch_size, spec.adaptive = 1, False
         k_max = max(p.recipe.max_draft_len, 6)
-        spec.max_draft_len = k_max
+        spec = replace(RuntimeSpec.from_recipe(p.recipe, target=target, draft=draft), max_draft_len=k_max)
+        spec = spec.with_limits(max_batch_size=1).with_runtime(adaptive={"enabled": False})
         engine = build_engine(spec)
         from transformers import AutoTokenizer
 

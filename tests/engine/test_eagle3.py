@@ -303,7 +303,7 @@ def test_runtime_builds_eagle3_engine(tiny_target, head_dir):
     from trtspec.speculative.runtime import RuntimeSpec, build_engine
 
     eng = build_engine(RuntimeSpec(target=str(tiny_target), method="eagle3", draft=str(head_dir), max_draft_len=3,
-                                   max_batch_size=2, max_seq_len=128))
+                                   limits={"max_batch_size": 2, "max_seq_len": 128}))
     assert eng.proposer.name == "eagle3" and eng.proposer.target_hidden_layers == (0, 2, 3)
     (g,) = eng.generate([[10, 20, 30]], Sampling(max_tokens=8, ignore_eos=True))
     assert len(g.token_ids) == 8 and g.stats.drafted > 0

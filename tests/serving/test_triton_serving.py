@@ -60,7 +60,7 @@ def add_draft_target_bls(repo, recipe) -> None:
 
     inp = inputs_from_recipe(recipe)
     s = inp.runtime_spec
-    draft = replace(s, target=s.draft, method="none", draft=None, adaptive=False)
+    draft = replace(s, target=s.draft, method="none", draft=None).with_runtime(adaptive={"enabled": False})
     render_model(torch_engine_plan("tensorrt_llm_draft", inp, draft, "draft"), TEMPLATES, repo)
     render_model(bls_plan(inp, "tensorrt_llm_baseline", "tensorrt_llm_draft", 4), TEMPLATES, repo)
 

@@ -31,7 +31,7 @@ import os
 import pathlib
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -563,7 +563,7 @@ def _manifest_fields(inp: ServingInputs, plans: list[ModelPlan]) -> dict[str, An
         "routing": {"speculative_fraction": router.values["speculative_fraction"],
                     "min_acceptance_rate": inp.min_acceptance_rate,
                     "acceptance_window": inp.acceptance_window, "probe_every": inp.probe_every},
-        "runtime_spec": asdict(inp.runtime_spec) if inp.runtime_spec is not None else None,
+        "runtime_spec": inp.runtime_spec.to_dict() if inp.runtime_spec is not None else None,
         "trtllm_build": inp.trtllm.to_dict() if inp.trtllm is not None else None,
         "recipe": inp.recipe,
     }

@@ -302,7 +302,7 @@ class EngineModel:
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
         self.pb.Logger.log_info(
             f"{self.name}: torch runtime ready (method {spec.method}, target {spec.target}, "
-            f"max_batch_size {spec.max_batch_size}, device {device}"
+            f"max_batch_size {spec.limits.max_batch_size}, device {device}"
             + (f", engine loop: {self.background.threads['threads']} torch thread(s) of "
                f"{self.background.threads['configured']}, the faster here" if self.background.threads else "")
             + ")")
