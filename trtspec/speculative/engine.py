@@ -362,7 +362,7 @@ class Engine:
 
     def _commit(self, row: int, tokens: list[int], now: float, logprobs: list[float] | None = None) -> Event:
         """Append ``tokens`` to the committed sequence; emit them up to EOS, a stop word (kept in
-        the output, as TRT-LLM does) or max_new_tokens."""
+        the output, as TRT-LLM does) or max_tokens."""
         s = self.slots[row]
         stop_words = s.req.params.stop_words
         emit: list[int] = []
