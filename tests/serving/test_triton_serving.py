@@ -296,3 +296,21 @@ def test_server_owns_a_process_group_and_private_shared_memory(server):
     assert server.running
     assert os.getpgid(server.proc.pid) == server.proc.pid  # stubs are killed with the group
     assert list(pathlib.Path("/dev/shm").glob(server.shm_prefix + "*"))  # removed by stop()
+
+
+def test_worker_mode_engine_stubs_hold_no_torch(server, url, prompts):
+    """serving.engine_process: worker (the default here): the engine models' stubs parse and answer
+    while their workers hold torch and the weights, so no torch library is mapped into a stub."""
+    import pathlib
+
+    from trtspec.triton.procs import stubs_of, workers_of
+
+    for model in ("ensemble", "ensemble_baseline"):
+        generate(url, model, prompts[0], max_tokens=4)
+    engines = [s for s in stubs_of(server.proc.pid) if s.model in ("tensorrt_llm", "tensorrt_llm_baseline")]
+    assert {s.model for s in engines} == {"tensorrt_llm", "tensorrt_llm_baseline"}
+    for stub in engines:
+        workers = workers_of(stub.pid)
+        assert workers, f"{stub.model}: no engine worker"
+        assert "libtorch" not in pathlib.Path(f"/proc/{stub.pid}/maps").read_text(), f"{stub.model}'s stub loads torch"
+        assert "libtorch" in pathlib.Path(f"/proc/{workers[0]}/maps").read_text()  # the check can see torch
