@@ -174,6 +174,15 @@ class Reported(Output):
     report: str
 
 
+@dataclass(frozen=True)
+class ModelFolders:
+    """The input of build and package: the folders they serve (the quantize stage's exports where
+    it made them, else the recipe's)."""
+
+    target: str
+    draft: str | None
+
+
 StageOutput = Skipped | Checked | Quantized | Tuned | EnginesBuilt | Packaged | Validated | Reported
 
 
@@ -327,14 +336,14 @@ class Pipeline:
             out.append(("draft", self.recipe.draft_spec))
         return out
 
-    def model_dirs(self) -> tuple[str, str | None]:
+    def model_folders(self) -> "ModelFolders":
         """The target and draft folders later stages use: the quantize stage's exports, else the recipe's."""
         q = self.result(Quantize)
         exports = q.models if isinstance(q, Quantized) else {}
         draft_spec = self.recipe.draft_spec
-        target = exports["target"].dir if "target" in exports else self.recipe.target.model
-        draft = exports["draft"].dir if "draft" in exports else (draft_spec.model if draft_spec else None)
-        return target, draft
+        return ModelFolders(
+            target=exports["target"].dir if "target" in exports else self.recipe.target.model,
+            draft=exports["draft"].dir if "draft" in exports else (draft_spec.model if draft_spec else None))
 
     def _progress(self, stage: str):
         """A library ``(done, total, label)`` callback turned into this stage's progress events."""
@@ -458,9 +467,9 @@ class BuildOrTune(Stage, name="build", output=Tuned,
             return EnginesBuilt(res.manifest, len(res.ran), len(res.cached))
         if p.recipe.speculation.method == "none":
             return Skipped("ordinary decoding: nothing to tune")
-        target, draft = p.model_dirs()
+        models = p.model_folders()
         k_max = max(p.recipe.max_draft_len, 6)
-        spec = replace(RuntimeSpec.from_recipe(p.recipe, target=target, draft=draft), max_draft_len=k_max)
+        spec = replace(RuntimeSpec.from_recipe(p.recipe, target=models.target, draft=models.draft), max_draft_len=k_max)
         spec = spec.with_limits(max_batch_size=1).with_runtime(adaptive={"enabled": False})
         engine = build_engine(spec)
         from transformers import AutoTokenizer
@@ -486,10 +495,10 @@ class Package(Stage, name="package", output=Packaged,
               does={"torch": "render the Triton model repository (torch engine behind the tensorrtllm contract)",
                     "trtllm": "render the Triton model repository around the built engines"}):
     def run(self, p: "Pipeline") -> Packaged:
-        target, draft = p.model_dirs()
+        models = p.model_folders()
         build_dir = p.stage_dir(BuildOrTune.name) / "trtllm" if runtime_family(p.recipe) != "torch" else None
         repo = p.stage_dir(self.name) / "repository"
-        rendered = package(p.recipe, repo, target=target, draft=draft, build_dir=build_dir, overwrite=True)
+        rendered = package(p.recipe, repo, target=models.target, draft=models.draft, build_dir=build_dir, overwrite=True)
         models = getattr(rendered, "models", None)
         return Packaged(str(repo), [getattr(m, "name", str(m)) for m in (models or [])])
 

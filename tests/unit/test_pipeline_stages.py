@@ -52,3 +52,17 @@ def test_an_output_of_another_shape_is_not_reused():
     st = next(s for s in PIPELINE if s.name == "package")
     with pytest.raises(TypeError):
         st.read({"repository": "/r", "models": [], "extra": 1})
+
+
+def test_build_and_package_serve_the_quantize_stages_exports_else_the_recipes_folders(tmp_path):
+    from trtspec.config import parse_recipe
+    from trtspec.pipeline import ModelFolders, Pipeline
+
+    recipe = parse_recipe({"name": "folders", "target": {"model": str(tmp_path / "t")},
+                           "speculation": {"method": "draft_target", "draft": {"model": str(tmp_path / "d")}}})
+    p = Pipeline(recipe, tmp_path / "w")
+    assert p.model_folders() == ModelFolders(str(tmp_path / "t"), str(tmp_path / "d"))
+    p.results["quantize"] = Quantized({"draft": QuantizedModel("/w/quantize/draft", "int8_wo", "none", None)})
+    assert p.model_folders() == ModelFolders(str(tmp_path / "t"), "/w/quantize/draft")
+    p.results["quantize"] = Skipped("no model is quantized in this recipe")
+    assert p.model_folders().draft == str(tmp_path / "d")
