@@ -38,7 +38,10 @@ RECIPES = {
 # rendered model → the NVIDIA model whose contract it carries
 CARRIES = {"ensemble": "ensemble", "ensemble_baseline": "ensemble", "preprocessing": "preprocessing",
            "postprocessing": "postprocessing", "tensorrt_llm": "tensorrt_llm",
-           "tensorrt_llm_baseline": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm"}
+           "tensorrt_llm_baseline": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm",
+           "tensorrt_llm_bls": "tensorrt_llm_bls"}
+# draft-target recipes carry NVIDIA's text BLS and its draft model too
+DRAFT_TARGET = {"torch", "trtllm-engine"}
 DT = model_config_pb2.DataType
 
 
@@ -89,14 +92,16 @@ def test_rendered_models_declare_nvidias_tensors_exactly(runtime, tmp_path):
         for t in want["outputs"]:
             assert got_out.pop(t["name"], None) == t, f"{name}: NVIDIA output {t['name']}"
         assert set(got_out) <= set(EXTRA_OUTPUTS), f"{name}: undocumented outputs {set(got_out)}"
-    assert checked == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm"}
+    assert checked == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm",
+                       *(["tensorrt_llm_bls"] if runtime in DRAFT_TARGET else [])}
+    assert ("tensorrt_llm_draft" in configs) is (runtime in DRAFT_TARGET)
 
 
 @pytest.mark.parametrize("runtime", sorted(RECIPES))
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_serving_decoupled_renders_nvidias_decoupled_mode(runtime, decoupled, tmp_path):
     configs = _configs(_render(runtime, tmp_path, decoupled=decoupled))
-    generation = {n for n in configs if n.startswith(("tensorrt_llm", "router"))}
+    generation = {n for n in configs if n.startswith(("tensorrt_llm", "router", "trtspec_draft_target"))}
     assert generation and {n: configs[n].model_transaction_policy.decoupled for n in generation} == {
         n: decoupled for n in generation}
 
@@ -112,8 +117,7 @@ def test_the_golden_contract_is_nvidias_at_c2e65b8():
 def test_every_nvidia_tensor_has_a_status_and_the_readme_shows_the_table():
     for io in nvidia_contract().values():
         for t in io["inputs"]:
-            assert input_status(t["name"]).kind in ("implemented", "no effect", "default only", "rejected",
-                                                    "not declared")
+            assert input_status(t["name"]).kind in ("implemented", "no effect", "default only", "rejected")
         for t in io["outputs"]:
             assert output_status(t["name"]).kind in ("implemented", "not produced", "always empty")
     assert markdown_table() in (REPO / "README.md").read_text()

@@ -42,6 +42,15 @@ class RuntimeSpec:
         return replace(self, method="none", draft=None, adaptive=False, draft_weight_only="none",
                        compile_draft=False, min_acceptance_rate=None)
 
+    def draft_alone(self) -> "RuntimeSpec":
+        """The draft model decoding by itself (NVIDIA's ``tensorrt_llm_draft``: external-draft
+        clients ask it for draft tokens). Its folder is served as the target, unquantized by the
+        runtime (``draft_weight_only`` concerns a draft inside speculation)."""
+        if self.method != "draft_target" or not self.draft:
+            raise TrtspecError(f"method {self.method!r} has no draft model to serve by itself",
+                               fix="only draft_target recipes have a tensorrt_llm_draft")
+        return replace(self.baseline(), target=self.draft)
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
 
