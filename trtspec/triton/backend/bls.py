@@ -49,8 +49,7 @@ class Rounds:
 
     def _generate(self, model: str, req: GenerationRequest, context: list[int], n: int,
                   drafts: list[int] | None = None, generated: int = 0) -> list[int]:
-        """``n`` tokens of ``model`` after ``context`` (fewer if it stops), in one response."""
-        pb = self.pb
+        """``n`` tokens of ``model`` after ``context`` (fewer if it stops)."""
         # each round re-sends the whole context as the prompt: the processors that depend only on the
         # sequence so far (repetition penalty, bad words, stop words) carry over; min_tokens counts on
         sub = GenerationRequest(
@@ -59,22 +58,25 @@ class Rounds:
             repetition_penalty=req.repetition_penalty, bad_words=req.bad_words, stop_words=req.stop_words,
             min_tokens=max(0, req.min_tokens - generated),
         )
-        bls = pb.InferenceRequest(
-            model_name=model,
-            inputs=[pb.Tensor(k, v) for k, v in engine_inputs(sub).items()],
-            requested_output_names=["output_ids", "sequence_length"],
-        )
         out: list[int] = []
-        for resp in (bls.exec(decoupled=True) if self.decoupled else [bls.exec()]):
-            if resp.has_error():
-                raise ModelError(resp.error())
-            ids = output_array(pb, resp, "output_ids")
+        for get in self.call_generation(model, engine_inputs(sub), ["output_ids", "sequence_length"]):
+            ids = get("output_ids")
             if ids is None:
                 continue
-            n_valid = output_array(pb, resp, "sequence_length")
+            n_valid = get("sequence_length")
             flat = ids.reshape(-1).tolist()
             out.extend(flat[: int(n_valid.reshape(-1)[0])] if n_valid is not None else flat)
         return out
+
+    def call_generation(self, model: str, inputs: dict, outputs: list[str]):
+        """The responses of ``model`` to one request, each as ``get(name)`` → array or None (BLS)."""
+        pb = self.pb
+        bls = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(k, v) for k, v in inputs.items()],
+                                  requested_output_names=outputs)
+        for resp in (bls.exec(decoupled=True) if self.decoupled else [bls.exec()]):
+            if resp.has_error():
+                raise ModelError(resp.error())
+            yield lambda name, r=resp: output_array(pb, r, name)
 
     def rounds(self, req: GenerationRequest, num_draft_tokens: int):
         """Draft-target rounds for ``req``: yields ``(new target tokens, stats, done)`` per round."""

@@ -14,19 +14,37 @@ Every input is implemented or answered INVALID_ARG naming it: the image inputs, 
 true (drafts are verified as tokens), and in the rounds the processors that a round cannot carry
 exactly (presence / frequency penalties count generated tokens, but each round re-sends the
 context as a new prompt), ``return_log_probs`` and ``num_return_sequences`` > 1.
+
+The other models are called over a gRPC connection to this same server, as the router relays
+(:class:`Calls`): Triton 2.51's stub builds the numpy arrays of BLS responses without the GIL,
+which corrupted a threaded stub's heap under load (measured here too: genai-perf at concurrency 2
+through this model's first, BLS-only version killed its stub). BLS is the fallback where gRPC is
+not available (``TRTSPEC_ROUTER_RELAY``, as for the router).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import queue
 import time
 
 import numpy as np
 
 from trtspec.errors import TrtspecError
-from trtspec.triton.backend.bls import Rounds, ModelError
-from trtspec.triton.backend.common import RequestThreads, input_array, model_parameters, output_array, scalar, send_error
+from trtspec.triton.access import InternalClient
+from trtspec.triton.backend.bls import Rounds
+from trtspec.triton.backend.common import (
+    RequestThreads,
+    error_response,
+    input_array,
+    model_parameters,
+    output_array,
+    scalar,
+    send_error,
+)
 from trtspec.triton.backend.requests import PERF_OUTPUTS, RequestInputError, parse_generation
+from trtspec.triton.backend.router import _ClientPool, _relay_mode
 from trtspec.triton.contract import REJECTED
 
 # what only the BLS declares (the plain model does not take them)
@@ -56,6 +74,109 @@ def first(a: np.ndarray | None):
     return None if a is None else np.asarray(a).reshape(-1)[0].item()
 
 
+class CallError(Exception):
+    """A called model answered with an error; passed on with its code (INVALID_ARG or not)."""
+
+    def __init__(self, message: str, invalid: bool):
+        super().__init__(message)
+        self.message, self.invalid = message, invalid
+
+
+class Calls:
+    """Requests to other models of this server: ``infer`` (one response; models that are not
+    decoupled) and ``stream`` (a decoupled model's responses until its final one); each response
+    is a ``{output name: array}`` of the outputs it carries."""
+
+    def __init__(self, pb, name: str):
+        self.pb = pb
+        internal = InternalClient.from_env()
+        self.mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"), tls=internal.tls is not None)
+        self.clients = _ClientPool(why, internal) if self.mode == "grpc" else None
+        pb.Logger.log_info(f"{name}: calls the other models over "
+                           f"{'gRPC at ' + why if self.mode == 'grpc' else 'BLS (' + why + ')'}")
+
+    def infer(self, model: str, tensors: dict, outputs: list[str]) -> dict:
+        if self.mode != "grpc":
+            return next(self._bls(model, tensors, outputs, decoupled=False))
+        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
+        from tritonclient.utils import InferenceServerException  # lazy: as above
+
+        client = self.clients.get()
+        try:
+            result = client.infer(model, self._inputs(tensors), outputs=[grpcclient.InferRequestedOutput(n)
+                                                                         for n in outputs], headers=self.clients.headers)
+        except InferenceServerException as e:
+            self.clients.put(client)
+            raise CallError(e.message(), "INVALID_ARG" in str(e.status())) from None
+        self.clients.put(client)
+        return {n: a for n in outputs if (a := result.as_numpy(n)) is not None}
+
+    def stream(self, model: str, tensors: dict, outputs: list[str]):
+        if self.mode != "grpc":
+            yield from self._bls(model, tensors, outputs, decoupled=True)
+            return
+        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
+
+        client = self.clients.get()
+        q: queue.Queue = queue.Queue()
+        clean = False
+        try:
+            client.start_stream(callback=lambda result, error: q.put((result, error)), headers=self.clients.headers)
+            client.async_stream_infer(model, self._inputs(tensors), outputs=[grpcclient.InferRequestedOutput(n)
+                                                                             for n in outputs],
+                                      enable_empty_final_response=True)
+            while True:
+                result, error = q.get()
+                if error is not None:
+                    message = error.message() if hasattr(error, "message") else str(error)
+                    clean = True  # the request has ended
+                    raise CallError(message, "INVALID_ARG" in str(getattr(error, "status", lambda: "")()))
+                got = {n: a for n in outputs if (a := result.as_numpy(n)) is not None}
+                if got:
+                    yield got
+                params = result.get_response().parameters
+                if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                    clean = True
+                    return
+        finally:
+            try:
+                client.stop_stream(cancel_requests=not clean)
+            except Exception:  # noqa: BLE001 - a broken stream: drop the client
+                clean = False
+            if clean:
+                self.clients.put(client)
+            else:
+                client.close()
+
+    @staticmethod
+    def _inputs(tensors: dict) -> list:
+        import tritonclient.grpc as grpcclient  # lazy: [client]
+        from tritonclient.utils import np_to_triton_dtype  # lazy: [client]
+
+        out = []
+        for k, v in tensors.items():
+            t = grpcclient.InferInput(k, list(v.shape), np_to_triton_dtype(v.dtype))
+            t.set_data_from_numpy(v)
+            out.append(t)
+        return out
+
+    def _bls(self, model: str, tensors: dict, outputs: list[str], *, decoupled: bool):
+        pb = self.pb
+        call = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(k, v) for k, v in tensors.items()],
+                                   requested_output_names=outputs)
+        for resp in (call.exec(decoupled=True) if decoupled else [call.exec()]):
+            if resp.has_error():
+                err = resp.error()
+                raise CallError(err.message(), err.code() == pb.TritonError.INVALID_ARG)
+            got = {n: a for n in outputs if (a := output_array(pb, resp, n)) is not None}
+            if got or not decoupled:
+                yield got
+
+    def close(self) -> None:
+        if self.clients is not None:
+            self.clients.close()
+
+
 class TextBls(Rounds):
     pb = None  # triton_python_backend_utils, set by model.py
 
@@ -70,7 +191,15 @@ class TextBls(Rounds):
         self.decoupled = bool(cfg.get("model_transaction_policy", {}).get("decoupled"))
         self.input_names = [t["name"] for t in cfg.get("input", [])]
         self.output_names = [t["name"] for t in cfg.get("output", [])]
+        self.calls = Calls(self.pb, self.name)
         self.threads = RequestThreads()
+
+    def call_generation(self, model: str, inputs: dict, outputs: list[str]):
+        """The rounds' requests to the draft and target models (through :class:`Calls`)."""
+        responses = self.calls.stream(model, inputs, outputs) if self.decoupled else [
+            self.calls.infer(model, inputs, outputs)]
+        for got in responses:
+            yield got.get
 
     def execute(self, requests):
         pb = self.pb
@@ -121,8 +250,9 @@ class TextBls(Rounds):
                 self._speculate(request, sender, k)
             else:
                 self._relay(request, sender)
-        except ModelError as e:
-            sender.send(pb.InferenceResponse(error=e.error), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except CallError as e:
+            sender.send(error_response(pb, e.message, invalid_argument=e.invalid),
+                        flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except TrtspecError as e:
             send_error(pb, sender, f"{self.name}: {e}")
         except Exception as e:  # noqa: BLE001 - answer this request, keep serving
@@ -133,48 +263,33 @@ class TextBls(Rounds):
 
     def _relay(self, request, sender) -> None:
         pb = self.pb
-        inputs = []
+        inputs = {}
         for name in self.input_names:
             a = input_array(pb, request, name)
             if a is not None and name not in BLS_ONLY:
-                inputs.append(pb.Tensor(name, batched(a)))
-        call = pb.InferenceRequest(model_name=self.plain_model, inputs=inputs,
-                                   requested_output_names=self.output_names)
+                inputs[name] = batched(a)
         if not self.decoupled:
-            resp = call.exec()
-            if resp.has_error():
-                raise ModelError(resp.error())
-            sender.send(self._copy(resp), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            got = self.calls.infer(self.plain_model, inputs, self.output_names)
+            sender.send(self._response(got), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        for resp in call.exec(decoupled=True):
-            if resp.has_error():
-                raise ModelError(resp.error())
-            if resp.output_tensors():
-                sender.send(self._copy(resp))
+        for got in self.calls.stream(self.plain_model, inputs, self.output_names):
+            sender.send(self._response(got))
         sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _copy(self, resp):
+    def _response(self, got: dict):
         pb = self.pb
-        return pb.InferenceResponse(output_tensors=[pb.Tensor(t.name(), t.as_numpy()) for t in resp.output_tensors()])
+        return pb.InferenceResponse(output_tensors=[pb.Tensor(n, a) for n, a in got.items()])
 
     # ----------------------------------------------------------------------------------------
     # with drafts: preprocessing → rounds → postprocessing
-
-    def _call(self, model: str, tensors: dict[str, np.ndarray], outputs: list[str]):
-        pb = self.pb
-        resp = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(k, v) for k, v in tensors.items()],
-                                   requested_output_names=outputs).exec()
-        if resp.has_error():
-            raise ModelError(resp.error())
-        return resp
 
     def _speculate(self, request, sender, k: int) -> None:
         pb = self.pb
         arrival_ns = time.time_ns()
         get_text = lambda name: input_array(pb, request, name)  # noqa: E731
         pre_in = {up: batched(a) for up, text in PREPROCESSING_INPUTS.items() if (a := get_text(text)) is not None}
-        pre = self._call("preprocessing", pre_in, list(FROM_PREPROCESSING.values()))
-        pre_out = {name: output_array(pb, pre, up) for name, up in FROM_PREPROCESSING.items()}
+        pre = self.calls.infer("preprocessing", pre_in, list(FROM_PREPROCESSING.values()))
+        pre_out = {name: pre.get(up) for name, up in FROM_PREPROCESSING.items()}
 
         def get(name):
             if name in FROM_PREPROCESSING:
@@ -184,7 +299,9 @@ class TextBls(Rounds):
             a = get_text(ENGINE_TO_TEXT.get(name, name))
             return None if a is None else batched(a)
 
-        req = parse_generation(get, check_sampling=False, exclude_input_default=False)
+        # the text is the ensemble's for the same request: the prompt leads it only with
+        # exclude_input_in_output=false (the router's default, which the relayed requests get)
+        req = parse_generation(get, check_sampling=False)
         for name, on in (("num_return_sequences", req.num_return_sequences > 1),
                          ("presence_penalty", req.presence_penalty != 0),
                          ("frequency_penalty", req.frequency_penalty != 0),
@@ -198,7 +315,7 @@ class TextBls(Rounds):
             out.extend(new)
         last_ns = time.time_ns()
         ids = out if req.exclude_input_in_output else req.input_ids + out
-        post = self._call("postprocessing", {
+        post = self.calls.infer("postprocessing", {
             "TOKENS_BATCH": np.array(ids, dtype=np.int32).reshape(1, 1, -1),
             "SEQUENCE_LENGTH": np.array([[len(ids)]], dtype=np.int32),
         }, ["OUTPUT"])
@@ -209,7 +326,7 @@ class TextBls(Rounds):
             "kv_cache_alloc_new_blocks": 1, "kv_cache_reused_blocks": 0, "kv_cache_alloc_total_blocks": 1,
         }
         tensors = [
-            pb.Tensor("text_output", output_array(pb, post, "OUTPUT")),
+            pb.Tensor("text_output", post["OUTPUT"]),
             pb.Tensor("output_ids", np.array(out, dtype=np.int32).reshape(1, -1)),
             pb.Tensor("acceptance_rate", scalar(stats.acceptance_rate, np.float32)),
             pb.Tensor("total_accepted_draft_tokens", scalar(stats.accepted, np.int32)),
@@ -227,3 +344,4 @@ class TextBls(Rounds):
 
     def finalize(self) -> None:
         self.threads.join()
+        self.calls.close()
