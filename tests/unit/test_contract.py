@@ -6,6 +6,7 @@ only ones; every tensor has a status; unsupported inputs are refused naming them
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import numpy as np
@@ -177,3 +178,52 @@ def test_trtllms_greedy_rule(tensors, greedy):
     dtypes = {"temperature": np.float32, "runtime_top_k": np.int32, "runtime_top_p": np.float32}
     req = parse_generation(_get(**{k: np.array([[v]], dtypes[k]) for k, v in tensors.items()}))
     assert req.sampling_params().greedy is greedy
+
+
+# --------------------------------------------------------------------------------------------
+# goldens: the TRT-LLM runtimes' repositories, model by model (NVIDIA's model names and tensors)
+
+GOLDEN = REPO / "tests" / "golden" / "repository"
+TRTLLM_RECIPES = sorted(p for p in (REPO / "build_configs").glob("*.yaml")
+                        if load_recipe(p).runtime.backend.startswith("trtllm"))
+
+
+def _summary(cfg: model_config_pb2.ModelConfig) -> dict:
+    def tensor(t, inputs: bool) -> str:
+        s = f"{t.name} {DT.Name(t.data_type)} {list(t.dims)}"
+        if inputs and t.HasField("reshape"):
+            s += f" reshape {list(t.reshape.shape)}"
+        return s + (" optional" if inputs and t.optional else "")
+
+    out = {"backend": cfg.backend or cfg.platform, "max_batch_size": cfg.max_batch_size,
+           "decoupled": cfg.model_transaction_policy.decoupled,
+           "inputs": [tensor(t, True) for t in cfg.input], "outputs": [tensor(t, False) for t in cfg.output],
+           "parameters": {k: v.string_value for k, v in sorted(cfg.parameters.items())}}
+    if cfg.HasField("ensemble_scheduling"):
+        out["steps"] = [{"model": s.model_name, "inputs": dict(sorted(s.input_map.items())),
+                         "outputs": dict(sorted(s.output_map.items()))} for s in cfg.ensemble_scheduling.step]
+    return out
+
+
+@pytest.mark.parametrize("path", TRTLLM_RECIPES, ids=lambda p: p.stem)
+def test_trtllm_repository_matches_golden(path, tmp_path):
+    """Every model of a TRT-LLM recipe's repository: NVIDIA's model names (ensemble, preprocessing,
+    postprocessing, tensorrt_llm, and for draft-target tensorrt_llm_draft + tensorrt_llm_bls), its
+    tensors, parameters and ensemble wiring. Regenerate with TRTSPEC_UPDATE_GOLDEN=1 and review."""
+    from tests.goldens import check_golden
+
+    recipe = load_recipe(path)
+    # a fixed, absolute build folder (planned, not built) keeps the golden machine-independent
+    repo = package(recipe, tmp_path / "repo", build_dir=pathlib.Path("/build") / recipe.name).path
+    configs = _configs(repo)
+    nvidia = {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm"}
+    if recipe.speculation.method == "draft_target":
+        nvidia |= {"tensorrt_llm_draft", "tensorrt_llm_bls"}
+    assert nvidia <= set(configs)
+    if "tensorrt_llm_bls" in configs:  # NVIDIA's text BLS over NVIDIA's engine names
+        p = {k: v.string_value for k, v in configs["tensorrt_llm_bls"].parameters.items()}
+        assert (p["tensorrt_llm_model_name"], p["tensorrt_llm_draft_model_name"]) == ("tensorrt_llm", "tensorrt_llm_draft")
+        assert {t.name for t in configs["tensorrt_llm_bls"].input} >= {
+            t["name"] for t in nvidia_contract()["tensorrt_llm_bls"]["inputs"]}
+    text = json.dumps({name: _summary(cfg) for name, cfg in sorted(configs.items())}, indent=1) + "\n"
+    check_golden(GOLDEN / f"{path.stem}.json", text.replace(str(REPO), "<checkout>"))
