@@ -8,7 +8,8 @@ Each round (reference/trtllm-triton.md §2.4, our own implementation):
   3. commit  accepted = longest common prefix of draft and target tokens; stream the target's tokens
 
 Every round re-sends the whole context (the tensorrtllm backend's KV-cache reuse makes that
-cheap on a GPU). Unlike NVIDIA's BLS it streams one response per round and speaks the token
+cheap on a GPU). The models are called over gRPC to this same server, as the router relays
+(:class:`Calls`; BLS where gRPC is not available). Unlike NVIDIA's BLS it streams one response per round and speaks the token
 tensors of ``tensorrt_llm`` (the router calls it); NVIDIA's text-level ``tensorrt_llm_bls``
 (``trtspec.triton.backend.nvidia_bls``) runs the same :class:`Rounds`. The generation models only
 need the tensorrtllm backend's tensors, so the same loop runs over trtspec's torch models.
@@ -17,10 +18,14 @@ need the tensorrtllm backend's tensors, so the same loop runs over trtspec's tor
 from __future__ import annotations
 
 import json
+import os
+import queue
 import time
 
+from trtspec.triton.access import InternalClient
 from trtspec.triton.backend.common import (
     RequestThreads,
+    error_response,
     model_parameters,
     output_array,
     parse_or_reject,
@@ -28,6 +33,7 @@ from trtspec.triton.backend.common import (
     send_error,
 )
 from trtspec.triton.backend.requests import GenerationRequest, engine_inputs
+from trtspec.triton.backend.router import _ClientPool, _relay_mode
 from trtspec.speculative.stats import RequestStats
 
 
@@ -46,6 +52,7 @@ class Rounds:
     pb = None
     draft = target = ""
     decoupled = True  # whether the generation models are (serving.decoupled): how to call them
+    calls: "Calls"
 
     def _generate(self, model: str, req: GenerationRequest, context: list[int], n: int,
                   drafts: list[int] | None = None, generated: int = 0) -> list[int]:
@@ -69,14 +76,11 @@ class Rounds:
         return out
 
     def call_generation(self, model: str, inputs: dict, outputs: list[str]):
-        """The responses of ``model`` to one request, each as ``get(name)`` → array or None (BLS)."""
-        pb = self.pb
-        bls = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(k, v) for k, v in inputs.items()],
-                                  requested_output_names=outputs)
-        for resp in (bls.exec(decoupled=True) if self.decoupled else [bls.exec()]):
-            if resp.has_error():
-                raise ModelError(resp.error())
-            yield lambda name, r=resp: output_array(pb, r, name)
+        """The responses of ``model`` to one request, each as ``get(name)`` → array or None."""
+        responses = self.calls.stream(model, inputs, outputs) if self.decoupled else [
+            self.calls.infer(model, inputs, outputs)]
+        for got in responses:
+            yield got.get
 
     def rounds(self, req: GenerationRequest, num_draft_tokens: int):
         """Draft-target rounds for ``req``: yields ``(new target tokens, stats, done)`` per round."""
@@ -127,6 +131,7 @@ class DraftTargetBls(Rounds):
         self.draft = p["tensorrt_llm_draft_model_name"]
         self.num_draft_tokens = int(p["num_draft_tokens"])
         self.decoupled = bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled"))
+        self.calls = Calls(self.pb, self.name)
         self.threads = RequestThreads()
 
     def execute(self, requests):
@@ -151,8 +156,9 @@ class DraftTargetBls(Rounds):
     def _serve(self, sender, req: GenerationRequest) -> None:
         try:
             self._rounds(sender, req)
-        except ModelError as e:
-            sender.send(self.pb.InferenceResponse(error=e.error), flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except CallError as e:
+            sender.send(error_response(self.pb, e.message, invalid_argument=e.invalid),
+                        flags=self.pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception as e:  # noqa: BLE001 - answer this request, keep serving
             send_error(self.pb, sender, f"{self.name}: {type(e).__name__}: {e}", invalid_argument=False)
 
@@ -176,12 +182,108 @@ class DraftTargetBls(Rounds):
 
     def finalize(self) -> None:
         self.threads.join()
+        self.calls.close()
 
 
-class ModelError(Exception):
-    """A called model answered with an error: passed on to the caller as it is (its code kept)."""
+class CallError(Exception):
+    """A called model answered with an error; passed on with its code (INVALID_ARG or not)."""
 
-    def __init__(self, error):
-        self.error = error
-        super().__init__(error.message() if hasattr(error, "message") else str(error))
+    def __init__(self, message: str, invalid: bool):
+        super().__init__(message)
+        self.message, self.invalid = message, invalid
+
+
+class Calls:
+    """Requests to other models of this server: ``infer`` (one response; models that are not
+    decoupled) and ``stream`` (a decoupled model's responses until its final one); each response
+    is a ``{output name: array}`` of the outputs it carries."""
+
+    def __init__(self, pb, name: str):
+        self.pb = pb
+        internal = InternalClient.from_env()
+        self.mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"), tls=internal.tls is not None)
+        self.clients = _ClientPool(why, internal) if self.mode == "grpc" else None
+        pb.Logger.log_info(f"{name}: calls the other models over "
+                           f"{'gRPC at ' + why if self.mode == 'grpc' else 'BLS (' + why + ')'}")
+
+    def infer(self, model: str, tensors: dict, outputs: list[str]) -> dict:
+        if self.mode != "grpc":
+            return next(self._bls(model, tensors, outputs, decoupled=False))
+        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
+        from tritonclient.utils import InferenceServerException  # lazy: as above
+
+        client = self.clients.get()
+        try:
+            result = client.infer(model, self._inputs(tensors), outputs=[grpcclient.InferRequestedOutput(n)
+                                                                         for n in outputs], headers=self.clients.headers)
+        except InferenceServerException as e:
+            self.clients.put(client)
+            raise CallError(e.message(), "INVALID_ARG" in str(e.status())) from None
+        self.clients.put(client)
+        return {n: a for n in outputs if (a := result.as_numpy(n)) is not None}
+
+    def stream(self, model: str, tensors: dict, outputs: list[str]):
+        if self.mode != "grpc":
+            yield from self._bls(model, tensors, outputs, decoupled=True)
+            return
+        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
+
+        client = self.clients.get()
+        q: queue.Queue = queue.Queue()
+        clean = False
+        try:
+            client.start_stream(callback=lambda result, error: q.put((result, error)), headers=self.clients.headers)
+            client.async_stream_infer(model, self._inputs(tensors), outputs=[grpcclient.InferRequestedOutput(n)
+                                                                             for n in outputs],
+                                      enable_empty_final_response=True)
+            while True:
+                result, error = q.get()
+                if error is not None:
+                    message = error.message() if hasattr(error, "message") else str(error)
+                    clean = True  # the request has ended
+                    raise CallError(message, "INVALID_ARG" in str(getattr(error, "status", lambda: "")()))
+                got = {n: a for n in outputs if (a := result.as_numpy(n)) is not None}
+                if got:
+                    yield got
+                params = result.get_response().parameters
+                if "triton_final_response" in params and params["triton_final_response"].bool_param:
+                    clean = True
+                    return
+        finally:
+            try:
+                client.stop_stream(cancel_requests=not clean)
+            except Exception:  # noqa: BLE001 - a broken stream: drop the client
+                clean = False
+            if clean:
+                self.clients.put(client)
+            else:
+                client.close()
+
+    @staticmethod
+    def _inputs(tensors: dict) -> list:
+        import tritonclient.grpc as grpcclient  # lazy: [client]
+        from tritonclient.utils import np_to_triton_dtype  # lazy: [client]
+
+        out = []
+        for k, v in tensors.items():
+            t = grpcclient.InferInput(k, list(v.shape), np_to_triton_dtype(v.dtype))
+            t.set_data_from_numpy(v)
+            out.append(t)
+        return out
+
+    def _bls(self, model: str, tensors: dict, outputs: list[str], *, decoupled: bool):
+        pb = self.pb
+        call = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(k, v) for k, v in tensors.items()],
+                                   requested_output_names=outputs)
+        for resp in (call.exec(decoupled=True) if decoupled else [call.exec()]):
+            if resp.has_error():
+                err = resp.error()
+                raise CallError(err.message(), err.code() == pb.TritonError.INVALID_ARG)
+            got = {n: a for n in outputs if (a := output_array(pb, resp, n)) is not None}
+            if got or not decoupled:
+                yield got
+
+    def close(self) -> None:
+        if self.clients is not None:
+            self.clients.close()
 

@@ -16,7 +16,7 @@ exactly (presence / frequency penalties count generated tokens, but each round r
 context as a new prompt), ``return_log_probs`` and ``num_return_sequences`` > 1.
 
 The other models are called over a gRPC connection to this same server, as the router relays
-(:class:`Calls`): Triton 2.51's stub builds the numpy arrays of BLS responses without the GIL,
+(:class:`trtspec.triton.backend.bls.Calls`): Triton 2.51's stub builds the numpy arrays of BLS responses without the GIL,
 which corrupted a threaded stub's heap under load (measured here too: genai-perf at concurrency 2
 through this model's first, BLS-only version killed its stub). BLS is the fallback where gRPC is
 not available (``TRTSPEC_ROUTER_RELAY``, as for the router).
@@ -25,26 +25,21 @@ not available (``TRTSPEC_ROUTER_RELAY``, as for the router).
 from __future__ import annotations
 
 import json
-import os
-import queue
 import time
 
 import numpy as np
 
 from trtspec.errors import TrtspecError
-from trtspec.triton.access import InternalClient
-from trtspec.triton.backend.bls import Rounds
+from trtspec.triton.backend.bls import CallError, Calls, Rounds
 from trtspec.triton.backend.common import (
     RequestThreads,
     error_response,
     input_array,
     model_parameters,
-    output_array,
     scalar,
     send_error,
 )
 from trtspec.triton.backend.requests import PERF_OUTPUTS, RequestInputError, parse_generation
-from trtspec.triton.backend.router import _ClientPool, _relay_mode
 from trtspec.triton.contract import REJECTED
 
 # what only the BLS declares (the plain model does not take them)
@@ -74,109 +69,6 @@ def first(a: np.ndarray | None):
     return None if a is None else np.asarray(a).reshape(-1)[0].item()
 
 
-class CallError(Exception):
-    """A called model answered with an error; passed on with its code (INVALID_ARG or not)."""
-
-    def __init__(self, message: str, invalid: bool):
-        super().__init__(message)
-        self.message, self.invalid = message, invalid
-
-
-class Calls:
-    """Requests to other models of this server: ``infer`` (one response; models that are not
-    decoupled) and ``stream`` (a decoupled model's responses until its final one); each response
-    is a ``{output name: array}`` of the outputs it carries."""
-
-    def __init__(self, pb, name: str):
-        self.pb = pb
-        internal = InternalClient.from_env()
-        self.mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"), tls=internal.tls is not None)
-        self.clients = _ClientPool(why, internal) if self.mode == "grpc" else None
-        pb.Logger.log_info(f"{name}: calls the other models over "
-                           f"{'gRPC at ' + why if self.mode == 'grpc' else 'BLS (' + why + ')'}")
-
-    def infer(self, model: str, tensors: dict, outputs: list[str]) -> dict:
-        if self.mode != "grpc":
-            return next(self._bls(model, tensors, outputs, decoupled=False))
-        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
-        from tritonclient.utils import InferenceServerException  # lazy: as above
-
-        client = self.clients.get()
-        try:
-            result = client.infer(model, self._inputs(tensors), outputs=[grpcclient.InferRequestedOutput(n)
-                                                                         for n in outputs], headers=self.clients.headers)
-        except InferenceServerException as e:
-            self.clients.put(client)
-            raise CallError(e.message(), "INVALID_ARG" in str(e.status())) from None
-        self.clients.put(client)
-        return {n: a for n in outputs if (a := result.as_numpy(n)) is not None}
-
-    def stream(self, model: str, tensors: dict, outputs: list[str]):
-        if self.mode != "grpc":
-            yield from self._bls(model, tensors, outputs, decoupled=True)
-            return
-        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
-
-        client = self.clients.get()
-        q: queue.Queue = queue.Queue()
-        clean = False
-        try:
-            client.start_stream(callback=lambda result, error: q.put((result, error)), headers=self.clients.headers)
-            client.async_stream_infer(model, self._inputs(tensors), outputs=[grpcclient.InferRequestedOutput(n)
-                                                                             for n in outputs],
-                                      enable_empty_final_response=True)
-            while True:
-                result, error = q.get()
-                if error is not None:
-                    message = error.message() if hasattr(error, "message") else str(error)
-                    clean = True  # the request has ended
-                    raise CallError(message, "INVALID_ARG" in str(getattr(error, "status", lambda: "")()))
-                got = {n: a for n in outputs if (a := result.as_numpy(n)) is not None}
-                if got:
-                    yield got
-                params = result.get_response().parameters
-                if "triton_final_response" in params and params["triton_final_response"].bool_param:
-                    clean = True
-                    return
-        finally:
-            try:
-                client.stop_stream(cancel_requests=not clean)
-            except Exception:  # noqa: BLE001 - a broken stream: drop the client
-                clean = False
-            if clean:
-                self.clients.put(client)
-            else:
-                client.close()
-
-    @staticmethod
-    def _inputs(tensors: dict) -> list:
-        import tritonclient.grpc as grpcclient  # lazy: [client]
-        from tritonclient.utils import np_to_triton_dtype  # lazy: [client]
-
-        out = []
-        for k, v in tensors.items():
-            t = grpcclient.InferInput(k, list(v.shape), np_to_triton_dtype(v.dtype))
-            t.set_data_from_numpy(v)
-            out.append(t)
-        return out
-
-    def _bls(self, model: str, tensors: dict, outputs: list[str], *, decoupled: bool):
-        pb = self.pb
-        call = pb.InferenceRequest(model_name=model, inputs=[pb.Tensor(k, v) for k, v in tensors.items()],
-                                   requested_output_names=outputs)
-        for resp in (call.exec(decoupled=True) if decoupled else [call.exec()]):
-            if resp.has_error():
-                err = resp.error()
-                raise CallError(err.message(), err.code() == pb.TritonError.INVALID_ARG)
-            got = {n: a for n in outputs if (a := output_array(pb, resp, n)) is not None}
-            if got or not decoupled:
-                yield got
-
-    def close(self) -> None:
-        if self.clients is not None:
-            self.clients.close()
-
-
 class TextBls(Rounds):
     pb = None  # triton_python_backend_utils, set by model.py
 
@@ -193,13 +85,6 @@ class TextBls(Rounds):
         self.output_names = [t["name"] for t in cfg.get("output", [])]
         self.calls = Calls(self.pb, self.name)
         self.threads = RequestThreads()
-
-    def call_generation(self, model: str, inputs: dict, outputs: list[str]):
-        """The rounds' requests to the draft and target models (through :class:`Calls`)."""
-        responses = self.calls.stream(model, inputs, outputs) if self.decoupled else [
-            self.calls.infer(model, inputs, outputs)]
-        for got in responses:
-            yield got.get
 
     def execute(self, requests):
         pb = self.pb
