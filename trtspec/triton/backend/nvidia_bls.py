@@ -16,10 +16,10 @@ exactly (presence / frequency penalties count generated tokens, but each round r
 context as a new prompt), ``return_log_probs`` and ``num_return_sequences`` > 1.
 
 The other models are called over a gRPC connection to this same server, as the router relays
-(:class:`trtspec.triton.backend.bls.Calls`): Triton 2.51's stub builds the numpy arrays of BLS responses without the GIL,
-which corrupted a threaded stub's heap under load (measured here too: genai-perf at concurrency 2
-through this model's first, BLS-only version killed its stub). BLS is the fallback where gRPC is
-not available (``TRTSPEC_ROUTER_RELAY``, as for the router).
+(:class:`trtspec.triton.backend.bls.Calls`): Triton 2.51's stub builds the numpy arrays of BLS
+responses without the GIL, which corrupted a threaded stub's heap under load (measured here too:
+genai-perf at concurrency 2 through this model's first, BLS-only version killed its stub). BLS is
+the fallback where gRPC is not available (``TRTSPEC_ROUTER_RELAY``, as for the router).
 """
 
 from __future__ import annotations
