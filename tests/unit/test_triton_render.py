@@ -171,3 +171,22 @@ def test_trtllm_runtime_needs_a_build_dir():
 # ------------------------------------------------------------------------------ CLI
 
 
+
+
+def test_package_cli_writes_absolute_model_folders(tmp_path, monkeypatch):
+    """--target / --draft relative to the caller's folder: the server's stubs run elsewhere."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtspec.cli.build import package as package_cmd
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quantized").mkdir()
+    res = CliRunner().invoke(package_cmd, [str(REPO / "build_configs" / "tiny-cpu-draft-target.yaml"), "-o", "repo",
+                                           "--target", "quantized", "--draft", "quantized"])
+    assert res.exit_code == 0, res.output
+    spec = json.loads((tmp_path / "repo" / "tensorrt_llm" / "1" / "runtime_spec.json").read_text())
+    assert spec["target"] == spec["draft"] == str(tmp_path / "quantized")
+    draft = json.loads((tmp_path / "repo" / "tensorrt_llm_draft" / "1" / "runtime_spec.json").read_text())
+    assert (draft["target"], draft["method"], draft["draft"]) == (str(tmp_path / "quantized"), "none", None)
