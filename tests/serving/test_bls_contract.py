@@ -13,12 +13,16 @@ tritonserver (CPU) with the tiny pair, as ``trtspec package`` renders a draft-ta
 
 from __future__ import annotations
 
+import queue
+import time
+
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
 from tests.serving.test_contract_serving import SET, arr, recipe_dict, stream, tensors, text_request
+from tests.serving.triton_stream import metric, metrics
 from trtspec.config import parse_recipe
 from trtspec.triton.contract import nvidia_contract
 from trtspec.triton.launch.server import TritonServer
@@ -48,10 +52,15 @@ def repository(tiny_models, root, decoupled: bool):
 
 
 @pytest.fixture(scope="module")
-def url(tiny_models, tmp_path_factory):
+def server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("bls-contract")
     with TritonServer(repository(tiny_models, root, True), workdir=root / "server", ready_timeout=300) as s:
-        yield s.endpoints.grpc
+        yield s
+
+
+@pytest.fixture(scope="module")
+def url(server):
+    return server.endpoints.grpc
 
 
 @pytest.fixture(scope="module")
@@ -201,3 +210,32 @@ def test_bls_unary_and_rejected_inputs_give_invalid_argument(unary_url):
         assert again.as_numpy("output_ids").reshape(-1).tolist() == want.as_numpy("output_ids").reshape(-1).tolist()
     finally:
         client.close()
+
+
+def test_a_client_that_goes_away_stops_the_relayed_request(server, url):
+    """A streamed BLS request relayed to ensemble_baseline: the client cancels after 3 responses;
+    the BLS cancels its call, the ensemble's postprocessing stops the engine (not max_tokens)."""
+    long = 400
+
+    def engine(name):
+        return metric(metrics(server.endpoints.metrics), name, model="tensorrt_llm_baseline")
+
+    before = engine("trtspec_generated_tokens_total")
+    client = grpcclient.InferenceServerClient(url)
+    q: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: q.put(error))
+    try:
+        client.async_stream_infer("tensorrt_llm_bls", tensors(text_request(
+            PROMPTS[1], max_tokens=arr(long, np.int32), stream=arr(True, bool))))
+        for _ in range(3):
+            assert q.get(timeout=60) is None
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    deadline = time.monotonic() + 30
+    while engine("trtspec_inflight_requests") != 0 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert engine("trtspec_inflight_requests") == 0
+    generated = engine("trtspec_generated_tokens_total") - before
+    assert 0 < generated < long / 2, generated
+    assert stream(url, "tensorrt_llm_bls", text_request()).error is None  # still serving

@@ -185,6 +185,13 @@ class DraftTargetBls(Rounds):
         self.calls.close()
 
 
+CANCEL_CHECK_S = 0.2  # is_cancelled() is a round trip to the server: a few times a second
+
+
+class Cancelled(Exception):
+    """The caller of this model went away: the call was cancelled."""
+
+
 class CallError(Exception):
     """A called model answered with an error; passed on with its code (INVALID_ARG or not)."""
 
@@ -222,7 +229,10 @@ class Calls:
         self.clients.put(client)
         return {n: a for n in outputs if (a := result.as_numpy(n)) is not None}
 
-    def stream(self, model: str, tensors: dict, outputs: list[str]):
+    def stream(self, model: str, tensors: dict, outputs: list[str], cancelled=None):
+        """``cancelled()``: whether our own caller went away (asked every :data:`CANCEL_CHECK_S`
+        while waiting); then the call is cancelled, which the ensemble passes on to the engine
+        (``trtspec.triton.backend.cancel``), and :class:`Cancelled` is raised."""
         if self.mode != "grpc":
             yield from self._bls(model, tensors, outputs, decoupled=True)
             return
@@ -236,8 +246,18 @@ class Calls:
             client.async_stream_infer(model, self._inputs(tensors), outputs=[grpcclient.InferRequestedOutput(n)
                                                                              for n in outputs],
                                       enable_empty_final_response=True)
+            checked = time.monotonic()
             while True:
-                result, error = q.get()
+                try:
+                    result, error = q.get(timeout=CANCEL_CHECK_S)
+                except queue.Empty:
+                    result = error = None
+                if cancelled is not None and time.monotonic() - checked >= CANCEL_CHECK_S:
+                    checked = time.monotonic()
+                    if cancelled():
+                        raise Cancelled
+                if result is None and error is None:
+                    continue
                 if error is not None:
                     message = error.message() if hasattr(error, "message") else str(error)
                     clean = True  # the request has ended

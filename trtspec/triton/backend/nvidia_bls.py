@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from trtspec.errors import TrtspecError
-from trtspec.triton.backend.bls import CallError, Calls, Rounds
+from trtspec.triton.backend.bls import CallError, Calls, Cancelled, Rounds
 from trtspec.triton.backend.common import (
     RequestThreads,
     error_response,
@@ -135,6 +135,12 @@ class TextBls(Rounds):
                 self._speculate(request, sender, k)
             else:
                 self._relay(request, sender)
+        except Cancelled:
+            pb.Logger.log_info(f"{self.name}: the client went away; its request was cancelled")
+            try:
+                sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # noqa: BLE001 - nobody is listening any more
+                pass
         except CallError as e:
             sender.send(error_response(pb, e.message, invalid_argument=e.invalid),
                         flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
@@ -157,7 +163,8 @@ class TextBls(Rounds):
             got = self.calls.infer(self.plain_model, inputs, self.output_names)
             sender.send(self._response(got), flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             return
-        for got in self.calls.stream(self.plain_model, inputs, self.output_names):
+        # a client that goes away cancels the relayed request, and through the ensemble the engine's
+        for got in self.calls.stream(self.plain_model, inputs, self.output_names, cancelled=sender.is_cancelled):
             sender.send(self._response(got))
         sender.send(flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
@@ -196,8 +203,10 @@ class TextBls(Rounds):
                                         "re-sends the context as a new prompt)", fix=f"omit '{name}' or num_draft_tokens")
         out: list[int] = []
         stats = None
-        for new, stats, _done in self.rounds(req, k):
+        for new, stats, done in self.rounds(req, k):
             out.extend(new)
+            if not done and sender.is_cancelled():  # between rounds: each round is a few target steps
+                raise Cancelled
         last_ns = time.time_ns()
         ids = out if req.exclude_input_in_output else req.input_ids + out
         post = self.calls.infer("postprocessing", {
