@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from tests.serving.triton_stream import generate, generate_many, metric, metrics, raw_stream
 
 from trtspec.config import parse_recipe
-from trtspec.triton.render import TEMPLATES, bls_plan, inputs_from_recipe, package, render_model, torch_engine_plan
+from trtspec.triton.render import TEMPLATES, inputs_from_recipe, package, render_model, rounds_plan
 from trtspec.triton.launch.server import TritonServer
 
 MAX_TOKENS = 24
@@ -54,15 +54,10 @@ def server(recipe, tmp_path_factory):
 
 
 def add_draft_target_bls(repo, recipe) -> None:
-    """The TRT-LLM engine flow's draft-target BLS, here over torch models with the same tensors:
-    tensorrt_llm_draft (the draft, decoding plainly) and tensorrt_llm_baseline (the target)."""
-    from dataclasses import replace
-
-    inp = inputs_from_recipe(recipe)
-    s = inp.runtime_spec
-    draft = replace(s, target=s.draft, method="none", draft=None).with_runtime(adaptive={"enabled": False})
-    render_model(torch_engine_plan("tensorrt_llm_draft", inp, draft, "draft"), TEMPLATES, repo)
-    render_model(bls_plan(inp, "tensorrt_llm_baseline", "tensorrt_llm_draft", 4), TEMPLATES, repo)
+    """The TRT-LLM engine flow's token-level draft-target rounds (trtspec_draft_target), here over
+    torch models with the same tensors: tensorrt_llm_draft (the draft decoding plainly, which
+    `trtspec package` renders for a draft-target recipe) and tensorrt_llm_baseline (the target)."""
+    render_model(rounds_plan(inputs_from_recipe(recipe), "tensorrt_llm_baseline", "tensorrt_llm_draft", 4), TEMPLATES, repo)
 
 
 @pytest.fixture(scope="module")
@@ -260,7 +255,7 @@ def test_draft_target_bls_rounds_stream_the_target_greedy_text(url, tokenizer, p
 
     g, _ = greedy(in_process[0], tokenizer, prompts[0])
     ids = tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
-    results = raw_stream(url, "tensorrt_llm_bls", {
+    results = raw_stream(url, "trtspec_draft_target", {
         "input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
         "request_output_len": np.array([[MAX_TOKENS]], np.int32), "streaming": np.array([[True]], bool)})
     out = [i for r in results for i in r.as_numpy("output_ids").reshape(-1).tolist()]

@@ -103,6 +103,15 @@ class RuntimeSpec:
                 "min_matching_ngram_size": self.min_matching_ngram_size, "runtime": self.runtime.model_dump(),
                 "limits": self.limits.model_dump(), "extra": self.extra}
 
+    def draft_alone(self) -> "RuntimeSpec":
+        """The draft model decoding by itself (NVIDIA's ``tensorrt_llm_draft``: external-draft
+        clients ask it for draft tokens). Its folder is served as the target, unquantized by the
+        runtime (``draft_weight_only`` concerns a draft inside speculation)."""
+        if self.method != "draft_target" or not self.draft:
+            raise TrtspecError(f"method {self.method!r} has no draft model to serve by itself",
+                               fix="only draft_target recipes have a tensorrt_llm_draft")
+        return replace(self.baseline(), target=self.draft)
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
 
