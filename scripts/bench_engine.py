@@ -23,7 +23,6 @@ Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-d
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import json
 import pathlib
@@ -107,11 +106,11 @@ def paired(args, pair: str, configs: dict, target, prompts, greedy, k: int, max_
              "rounds_min": round(min(per_round[key]), 3), "rounds_max": round(max(per_round[key]), 3)}
             for key in engines]
     summary = {"pair": pair, "mode": "paired", "rounds": args.paired, "prompts": len(prompts),
-               "max_new_tokens": greedy.max_new_tokens, "max_draft_len": k, "threads": args.threads, "rows": rows,
+               "max_new_tokens": greedy.max_tokens, "max_draft_len": k, "threads": args.threads, "rows": rows,
                "cache_pressure": {"before": pressure_before, "after": pressure_after}}
     cmd = "python " + " ".join(["scripts/bench_engine.py", *sys.argv[1:]])
     md = [f"# Engine benchmark ({pair} pair), prompt by prompt", "",
-          f"`{cmd}` — {len(prompts)} prompts × {greedy.max_new_tokens} new tokens, greedy, batch 1, "
+          f"`{cmd}` — {len(prompts)} prompts × {greedy.max_tokens} new tokens, greedy, batch 1, "
           f"{args.threads} threads; {args.paired} rounds, each running every prompt through every configuration "
           "before the next prompt.", "",
           "| config | vs ours plain (total time) | rounds: min | rounds: max |", "|---|---:|---:|---:|"]
@@ -158,7 +157,7 @@ def main() -> int:
     from trtspec.speculative.engine import Engine
     from trtspec.speculative.model import load_causal_lm
     from trtspec.speculative.proposers import DraftModelProposer, NgramProposer
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.sampling import Sampling
     from trtspec.speculative.stats import Aggregate
 
     torch.set_num_threads(args.threads)
@@ -193,7 +192,7 @@ def main() -> int:
     if not args.paired:
         hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
         hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=dtype).eval()
-    greedy = SamplingParams(max_new_tokens=max_new, ignore_eos=False)
+    greedy = Sampling(max_tokens=max_new, ignore_eos=False)
     max_len = max(len(p) for p in prompts) + max_new + k + 8
 
     def ours(proposer):
@@ -261,10 +260,10 @@ def main() -> int:
             from trtspec.speculative import eagle3  # noqa: F401
             from trtspec.speculative.proposers import REGISTRY
 
-            spec = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k, max_batch_size=1,
-                               max_seq_len=max_len)
+            spec = RuntimeSpec(target=str(tdir), method="eagle3", draft=str(head), max_draft_len=k,
+                               limits={"max_batch_size": 1, "max_seq_len": max_len})
             configs["f"] = (f"ours EAGLE-3 (K={k})", ours(lambda: REGISTRY["eagle3"](spec, target, dtype, torch.device("cpu"))))
-            spec8 = dataclasses.replace(spec, draft_weight_only="int8")
+            spec8 = spec.with_runtime(draft_weight_only="int8")
             configs["f8"] = (f"ours EAGLE-3, INT8 head (K={k})",
                              ours(lambda: REGISTRY["eagle3"](spec8, target, dtype, torch.device("cpu"))))
         except Exception as e:  # noqa: BLE001 - the head is optional here

@@ -41,7 +41,7 @@ from bench_engine import cache_pressure  # noqa: E402  (scripts/bench_engine.py:
 from trtspec.config import load_recipe
 from trtspec.prompts import load_prompts
 from trtspec.speculative.runtime import RuntimeSpec, build_engine
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
 
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     prompts = load_prompts(args.prompts, args.num_prompts)
     ids = [tok(p, add_special_tokens=False)["input_ids"][: recipe.limits.max_input_len] for p in prompts]
     prompts = [tok.decode(i) for i in ids]
-    params = SamplingParams(max_new_tokens=args.max_tokens)
+    params = Sampling(max_tokens=args.max_tokens)
 
     rows = {}
     with tempfile.TemporaryDirectory(prefix="trtspec-bench-") as tmp:
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     result = {
         "recipe": recipe.name, "method": recipe.speculation.method, "max_tokens": args.max_tokens,
-        "prompts": len(prompts), "repeats": args.repeats, "torch_threads": spec.torch_threads,
+        "prompts": len(prompts), "repeats": args.repeats, "torch_threads": spec.runtime.torch_threads,
         "server_startup_s": round(startup, 1), "machine": f"{platform.machine()}, {torch.get_num_threads()} torch threads",
         "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "goal": "ratio >= 0.9", "paths": rows,
         "engine_process": mode, "stream_interval": recipe.serving.stream_interval, "machine_load": machine_load(),
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
               "process, interleaved prompt by prompt; goal ratio ≥ 0.9. 'server engine' times the same stream "
               "requests inside the server (perf_json total_s), so 'stream / server engine' is the cost of the "
               f"Triton path alone (tokenizer, router, detokenizer, gRPC). OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY')}, "
-              f"torch threads {spec.torch_threads}. Cache pressure (scripts/bench_engine.py: verify after a "
+              f"torch threads {spec.runtime.torch_threads}. Cache pressure (scripts/bench_engine.py: verify after a "
               f"draft-long pause / back to back) {result['cache_pressure']['before']['pressure']} before, "
               f"{result['cache_pressure']['after']['pressure']} after; {result['machine_load']}. "
               f"Server startup {startup:.1f} s. Outputs differing from "

@@ -180,7 +180,7 @@ def main() -> int:
     from trtspec.speculative.model import load_causal_lm
     from trtspec.speculative.proposers import DraftModelProposer
     from trtspec.speculative.runtime import load_model
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.sampling import Sampling
     from trtspec.speculative.stats import Aggregate
 
     sys.path.insert(0, str(REPO / "scripts"))
@@ -214,7 +214,7 @@ def main() -> int:
         folder = models / TARGET if fmt == "none" else quantized_target(models, fmt)
         targets[fmt] = (folder, load_model(str(folder), torch.bfloat16, torch.device("cpu")))
     draft = load_causal_lm(models / DRAFT, dtype=torch.bfloat16).quantize_weight_only_()
-    greedy = SamplingParams(max_new_tokens=n, ignore_eos=True)
+    greedy = Sampling(max_tokens=n, ignore_eos=True)
     max_len = max(len(p) for p in prompts) + n + k + 8
 
     def ours(fmt: str, speculative: bool):

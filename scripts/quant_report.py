@@ -33,12 +33,12 @@ def decode_tok_s(folder: pathlib.Path, prompts: list[list[int]], new_tokens: int
     ``repeats``. Returns (tokens/s, what the linears run on)."""
     from trtspec.speculative.engine import Engine
     from trtspec.speculative.runtime import load_model
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.sampling import Sampling
 
     model = load_model(str(folder), torch.float32, torch.device("cpu"))
     kind = "int8 kernel" if model.weight_only else ("fake-quant" if model.modelopt_quantized else "fp32")
     engine = Engine(model, None, max_batch_size=1, max_seq_len=512)
-    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    params = Sampling(max_tokens=new_tokens, ignore_eos=True)
     engine.generate(prompts[:1], params)  # warm-up
     best = 0.0
     for _ in range(repeats):

@@ -20,6 +20,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -777,6 +778,24 @@ def _from_validation_error(exc: ValidationError) -> list[ConfigError]:
                 value = value[key]
         out.append(ConfigError(field, value, msg, fix=_FIXES.get(err["type"])))
     return out
+
+
+def section_subset(name: str, section: type[Strict], fields: tuple[str, ...], **defaults: Any) -> type[Strict]:
+    """A Strict model of ``fields`` of the recipe's ``section``: the same types, bounds and
+    descriptions, declared once in the section (``defaults`` replaces a field's default). For what
+    a later stage carries of a recipe, e.g. the torch runtime's RuntimeSpec."""
+    def field_of(f: str):
+        info = section.model_fields[f]
+        if f in defaults:
+            info = info.merge_field_infos(info, default=defaults[f])
+        return (info.annotation, info)
+
+    return create_model(name, __base__=Strict, **{f: field_of(f) for f in fields})
+
+
+def section_errors(exc: ValidationError) -> list[ConfigError]:
+    """A section model's validation error as ConfigErrors naming each field (as a recipe's do)."""
+    return _from_validation_error(exc)
 
 
 def parse_recipe(data: Any, *, source: str | None = None, base_dir: pathlib.Path | None = None) -> Recipe:

@@ -11,7 +11,7 @@ from scipy.stats import chi2
 
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.proposers import DraftModelProposer
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 
 
 def assert_three_token_law(target, draft, prompt: list[int], probs: Callable[[list[int]], torch.Tensor],
@@ -26,7 +26,7 @@ def assert_three_token_law(target, draft, prompt: list[int], probs: Callable[[li
             for x3 in p3.nonzero().flatten().tolist():
                 exact[(x1, x2, x3)] = float(p1[x1] * p2[x2] * p3[x3])
     eng = Engine(target, DraftModelProposer(draft, 16, 64), max_draft_len=2, max_batch_size=16, max_seq_len=48)
-    outs = eng.generate([prompt] * n, [SamplingParams(**params_kw, seed=i) for i in range(n)])
+    outs = eng.generate([prompt] * n, [Sampling(**params_kw, seed=i) for i in range(n)])
     counts: dict = {}
     for o in outs:
         counts[tuple(o.token_ids)] = counts.get(tuple(o.token_ids), 0) + 1

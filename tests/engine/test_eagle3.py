@@ -33,7 +33,7 @@ from trtspec.speculative.eagle3 import (
 )
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import Step, load_causal_lm
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.speculative.verify import verify_greedy
 
 FAST = Eagle3Settings(steps=12, batch_size=4, seq_len=64, ttt_steps=2, eval_prompts=4, eval_new_tokens=8, threads=1)
@@ -90,7 +90,7 @@ def generate(target, proposer, prompts, params, *, k=4, batch=4):
 def test_greedy_is_token_identical_to_plain_decoding(target, head, corpus):
     prompts = mixed_prompts(corpus[1], 56)
     assert min(map(len, prompts)) == 1 and max(map(len, prompts)) > 100
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    params = Sampling(max_tokens=16, ignore_eos=True)
     plain = generate(target, None, prompts, params, batch=8)
     # different draft lengths and batch compositions (the second on a subset, for time)
     for k, batch, n in ((4, 8, len(prompts)), (2, 3, 12)):
@@ -112,7 +112,7 @@ def test_int8_head_drafts_like_the_fp32_head_and_stays_lossless(target, head_dir
     assert type(h8.fc) is Int8Linear and type(h8._draft_lm_head) is Int8Linear
     assert type(target.lm_head) is torch.nn.Linear  # the verifier's head is not quantized
     prompts = mixed_prompts(corpus[1], 24)
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    params = Sampling(max_tokens=16, ignore_eos=True)
     plain = generate(target, None, prompts, params, batch=8)
     spec8 = generate(target, Eagle3Proposer(h8, 8, 300), prompts, params, batch=8)
     spec = generate(target, Eagle3Proposer(head, 8, 300), prompts, params, batch=8)
@@ -129,7 +129,7 @@ def test_greedy_identical_with_untrained_head(target, corpus):
     init_head(h, 123)
     h.eval()
     prompts = mixed_prompts(corpus[1], 12)
-    params = SamplingParams(max_new_tokens=16, ignore_eos=True)
+    params = Sampling(max_tokens=16, ignore_eos=True)
     plain = generate(target, None, prompts, params)
     spec = generate(target, Eagle3Proposer(h, 4, 300), prompts, params)
     assert [g.token_ids for g in plain] == [g.token_ids for g in spec]
@@ -147,7 +147,7 @@ def test_rollback_equals_fresh_prefill(target, head, corpus):
     The head trains for seconds, so some prompts get no draft accepted: windows of held-out
     text are tried in order until one history mixes different acceptance lengths."""
     K = 4
-    greedy = SamplingParams(max_new_tokens=64)
+    greedy = Sampling(max_tokens=64)
     seen: set[int] = set()
     for start in range(3000, 3000 + 8 * 40, 40):
         prompt = corpus[1][start:start + 40].tolist()
@@ -183,10 +183,10 @@ def test_rollback_equals_fresh_prefill(target, head, corpus):
 def test_step_without_drafting_keeps_pending_features(target, head, corpus):
     """k = 0 for a round (adaptive fallback): the next round still drafts from every position."""
     prompts = mixed_prompts(corpus[1], 6)
-    params = SamplingParams(max_new_tokens=20, ignore_eos=True)
+    params = Sampling(max_tokens=20, ignore_eos=True)
     plain = generate(target, None, prompts, params)
     eng = Engine(target, Eagle3Proposer(head, 3, 300), max_draft_len=3, max_batch_size=3, max_seq_len=256)
-    eng._draft_len = lambda s: 0 if s.stats.generated % 3 == 1 else max(0, min(3, params.max_new_tokens - s.stats.generated - 1))
+    eng._draft_len = lambda s: 0 if s.stats.generated % 3 == 1 else max(0, min(3, params.max_tokens - s.stats.generated - 1))
     spec = eng.generate(prompts, params)
     assert [g.token_ids for g in plain] == [g.token_ids for g in spec]
     assert sum(g.stats.accepted for g in spec) > 0
@@ -200,7 +200,7 @@ def test_sampled_decoding_is_seeded_and_uses_draft_probabilities(target, head, c
     prompts = mixed_prompts(corpus[1], 6)
     runs = []
     for seed in (7, 7, 8):
-        params = [SamplingParams(max_new_tokens=20, temperature=0.8, top_k=50, seed=seed + i, ignore_eos=True)
+        params = [Sampling(max_tokens=20, temperature=0.8, top_k=50, seed=seed + i, ignore_eos=True)
                   for i in range(len(prompts))]
         runs.append([g.token_ids for g in generate(target, Eagle3Proposer(head, 4, 300), prompts, params)])
     assert runs[0] == runs[1]
@@ -208,7 +208,7 @@ def test_sampled_decoding_is_seeded_and_uses_draft_probabilities(target, head, c
     prop = Eagle3Proposer(head, 1, 300)
     seq = prompts[2] + [5]
     prop.prefill(0, seq, full_features(target, head, seq[:-1]))
-    p = SamplingParams(temperature=0.8, top_k=50)
+    p = Sampling(temperature=0.8, top_k=50)
     out = prop.propose([0], [seq], [3], [p], [torch.Generator().manual_seed(0)])
     assert out.probs is not None and out.probs.shape == (1, 3, target.args.vocab_size)
     assert torch.allclose(out.probs.sum(-1), torch.ones(1, 3))
@@ -303,9 +303,9 @@ def test_runtime_builds_eagle3_engine(tiny_target, head_dir):
     from trtspec.speculative.runtime import RuntimeSpec, build_engine
 
     eng = build_engine(RuntimeSpec(target=str(tiny_target), method="eagle3", draft=str(head_dir), max_draft_len=3,
-                                   max_batch_size=2, max_seq_len=128))
+                                   limits={"max_batch_size": 2, "max_seq_len": 128}))
     assert eng.proposer.name == "eagle3" and eng.proposer.target_hidden_layers == (0, 2, 3)
-    (g,) = eng.generate([[10, 20, 30]], SamplingParams(max_new_tokens=8, ignore_eos=True))
+    (g,) = eng.generate([[10, 20, 30]], Sampling(max_tokens=8, ignore_eos=True))
     assert len(g.token_ids) == 8 and g.stats.drafted > 0
     with pytest.raises(ModelError, match="head folder"):
         build_engine(RuntimeSpec(target=str(tiny_target), method="eagle3", draft=None))

@@ -14,7 +14,7 @@ from torch import nn
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import ModelArgs, load_causal_lm
 from trtspec.speculative.proposers import DraftModelProposer, NgramProposer, Proposal
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.speculative.stats import Aggregate
 from tests.engine.sampled_law import assert_three_token_law
 
@@ -49,7 +49,7 @@ def prompts(tokenizer) -> list[list[int]]:
     return out
 
 
-GREEDY = SamplingParams(max_new_tokens=40)
+GREEDY = Sampling(max_tokens=40)
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_kv_cache_is_rolled_back_not_recomputed(pair, prompts):
     handle = target.register_forward_pre_hook(lambda m, args: calls.append(args[0].shape[1]))
     try:
         eng = Engine(target, DraftModelProposer(draft, 1, 1100), max_draft_len=4, max_batch_size=1)
-        g = eng.generate([prompts[5]], SamplingParams(max_new_tokens=30))[0]
+        g = eng.generate([prompts[5]], Sampling(max_tokens=30))[0]
     finally:
         handle.remove()
     assert calls[0] == len(prompts[5])  # one prefill
@@ -112,13 +112,13 @@ def test_kv_cache_is_rolled_back_not_recomputed(pair, prompts):
 
 def test_sampling_is_seeded_and_reproducible(pair, prompts):
     target, draft = pair
-    params = SamplingParams(max_new_tokens=24, temperature=0.8, top_k=50, top_p=0.95, seed=1234)
+    params = Sampling(max_tokens=24, temperature=0.8, top_k=50, top_p=0.95, seed=1234)
     runs = []
     for _ in range(2):
         eng = Engine(target, DraftModelProposer(draft, 2, 1100), max_draft_len=4, max_batch_size=2)
         runs.append([o.token_ids for o in eng.generate(prompts[:2], params)])
     assert runs[0] == runs[1]
-    other = Engine(target, None, max_batch_size=2).generate(prompts[:2], SamplingParams(max_new_tokens=24, temperature=0.8, seed=99))
+    other = Engine(target, None, max_batch_size=2).generate(prompts[:2], Sampling(max_tokens=24, temperature=0.8, seed=99))
     assert [o.token_ids for o in other] != runs[0]
 
 
@@ -126,12 +126,12 @@ def test_sampled_speculation_matches_target_distribution(pair, tokenizer):
     """End to end on the tiny target: the joint law of the first 3 sampled tokens with the draft
     (tokens 2-3 come from one speculative step) equals the exact target law (top-k=3)."""
     target, draft = pair
-    params_kw = dict(max_new_tokens=3, temperature=1.0, top_k=3)
+    params_kw = dict(max_tokens=3, temperature=1.0, top_k=3)
     prompt = tokenizer("    def __init__(self", add_special_tokens=False)["input_ids"]
     # exact P(x1, x2, x3) from the target alone
     from trtspec.speculative.sampling import logits_to_probs
 
-    sp = SamplingParams(**params_kw)
+    sp = Sampling(**params_kw)
 
     def probs(seq):
         with torch.inference_mode():
@@ -151,7 +151,7 @@ def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair
     bad = CausalLM(_model_args(s.draft, s, target.args.eos_token_id))
     _init(bad, 12345)
     bad.eval()
-    params = SamplingParams(max_new_tokens=48)
+    params = Sampling(max_tokens=48)
     fixed = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1)
     adaptive = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1,
                       adaptive=True, adaptive_window=16)
@@ -215,7 +215,7 @@ class ScriptedProposer:
 
 def test_scripted_all_accepted_bonus_each_step():
     eng = Engine(ScriptedLM(), ScriptedProposer(), max_draft_len=3, max_batch_size=1)
-    g = eng.generate([[0]], SamplingParams(max_new_tokens=9))[0]
+    g = eng.generate([[0]], Sampling(max_tokens=9))[0]
     assert g.token_ids == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     # first token from prefill, then 2 steps of 3 accepted + bonus = 8 tokens
     assert g.stats.steps == 2 and g.stats.accepted == 6 and g.stats.tokens_per_step[4] == 2
@@ -223,7 +223,7 @@ def test_scripted_all_accepted_bonus_each_step():
 
 def test_scripted_first_rejected_every_step():
     eng = Engine(ScriptedLM(), ScriptedProposer(wrong_at=0), max_draft_len=3, max_batch_size=1)
-    g = eng.generate([[0]], SamplingParams(max_new_tokens=5))[0]
+    g = eng.generate([[0]], Sampling(max_tokens=5))[0]
     assert g.token_ids == [1, 2, 3, 4, 5]
     assert g.stats.accepted == 0 and g.stats.steps == 4 and g.stats.acceptance_rate == 0
 
@@ -231,14 +231,14 @@ def test_scripted_first_rejected_every_step():
 def test_scripted_eos_inside_draft_stops_there():
     eos = 6
     eng = Engine(ScriptedLM(eos=eos), ScriptedProposer(), max_draft_len=4, max_batch_size=1)
-    g = eng.generate([[2]], SamplingParams(max_new_tokens=20))[0]
+    g = eng.generate([[2]], Sampling(max_tokens=20))[0]
     # continuation 3,4,5,6(eos),7...: the draft covers EOS; output stops before it
     assert g.token_ids == [3, 4, 5] and g.finish_reason == "stop"
 
 
 def test_scripted_max_tokens_reached_mid_draft():
     eng = Engine(ScriptedLM(), ScriptedProposer(), max_draft_len=4, max_batch_size=1)
-    g = eng.generate([[0]], SamplingParams(max_new_tokens=3))[0]
+    g = eng.generate([[0]], Sampling(max_tokens=3))[0]
     assert g.token_ids == [1, 2, 3] and g.finish_reason == "length"
     assert g.stats.drafted <= 1  # draft length capped by the tokens still allowed
 
@@ -246,7 +246,7 @@ def test_scripted_max_tokens_reached_mid_draft():
 def test_external_draft_tokens_are_verified_first():
     """The tensorrtllm backend's draft_input_ids: client-supplied drafts verified in step 1."""
     eng = Engine(ScriptedLM(), None, max_draft_len=4, max_batch_size=1)
-    ev = eng.add([0], SamplingParams(max_new_tokens=10), draft_tokens=[2, 3, 9, 5])
+    ev = eng.add([0], Sampling(max_tokens=10), draft_tokens=[2, 3, 9, 5])
     assert ev.new_tokens == [1]
     evs = eng.step()
     assert evs[0].new_tokens == [2, 3, 4]  # 2 and 3 accepted, 9 rejected → correction 4
@@ -272,12 +272,12 @@ def test_background_engine_picks_the_faster_thread_count_in_its_own_thread(pair,
             assert t is not None and t["configured"] == 2
             assert t["threads"] == (1 if t["target_step_s_1_thread"] < t["target_step_s_2_threads"] else 2)
             seen, done = [], threading.Event()
-            bg.submit(prompts[0], SamplingParams(max_new_tokens=12), lambda ev: (seen.extend(ev.new_tokens),
+            bg.submit(prompts[0], Sampling(max_tokens=12), lambda ev: (seen.extend(ev.new_tokens),
                                                                                ev.finished and done.set()))
             assert done.wait(60)
         finally:
             bg.shutdown()
-        ref = Engine(target, None, max_batch_size=1, max_seq_len=400).generate([prompts[0]], SamplingParams(max_new_tokens=12))
+        ref = Engine(target, None, max_batch_size=1, max_seq_len=400).generate([prompts[0]], Sampling(max_tokens=12))
         assert seen == ref[0].token_ids
         torch.set_num_threads(1)  # one configured thread: nothing to pick
         bg1 = BackgroundEngine(Engine(target, None, max_batch_size=1, max_seq_len=400))
@@ -379,7 +379,7 @@ def test_background_engine_serves_when_the_thread_count_measurement_fails(pair, 
     try:
         assert bg.threads is None
         done = threading.Event()
-        bg.submit(prompts[0], SamplingParams(max_new_tokens=4), lambda ev: ev.finished and done.set())
+        bg.submit(prompts[0], Sampling(max_tokens=4), lambda ev: ev.finished and done.set())
         assert done.wait(30), "the engine thread died with the measurement"
     finally:
         bg.shutdown()

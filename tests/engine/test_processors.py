@@ -17,7 +17,8 @@ from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import CausalLM, ModelArgs
 from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
 from trtspec.speculative.proposers import DraftModelProposer, NgramProposer
-from trtspec.speculative.sampling import SamplingError, SamplingParams, logits_to_probs
+from trtspec.sampling import Sampling, SamplingError
+from trtspec.speculative.sampling import logits_to_probs
 from tests.engine.sampled_law import assert_three_token_law
 
 EOS = 18  # a token the random target emits early for some prompts
@@ -55,14 +56,14 @@ PROMPTS = [[5, 9, 11, 5, 9], [7, 7, 30, 12], [40, 1, 3, 22, 17, 8, 6], [19]]
 
 def test_repetition_penalty_divides_positive_and_multiplies_negative_logits_of_seen_tokens():
     logits = torch.tensor([[2.0, -2.0, 2.0, -2.0]])
-    p = SamplingParams(repetition_penalty=2.0)
+    p = Sampling(repetition_penalty=2.0)
     out = process_window(logits, p, [0, 1], prompt_len=2, drafts=[], end_ids=set())
     assert out.tolist() == [[1.0, -4.0, 2.0, -2.0]]  # prompt tokens count for repetition
 
 
 def test_presence_and_frequency_count_generated_tokens_only_and_each_window_position_sees_its_drafts():
     logits = torch.zeros(3, 4)
-    p = SamplingParams(presence_penalty=1.0, frequency_penalty=0.5)
+    p = Sampling(presence_penalty=1.0, frequency_penalty=0.5)
     # prompt [3], generated [1, 1]; window positions 1 and 2 come after drafts 2 then 1
     out = process_window(logits, p, [3, 1, 1], prompt_len=1, drafts=[2, 1], end_ids=set())
     assert out[0].tolist() == [0.0, -2.0, 0.0, 0.0]  # token 1: presence 1 + 2 × 0.5
@@ -72,7 +73,7 @@ def test_presence_and_frequency_count_generated_tokens_only_and_each_window_posi
 
 def test_bad_words_ban_the_last_token_after_their_prefix_and_min_tokens_bans_the_end_tokens():
     logits = torch.zeros(2, 6)
-    p = SamplingParams(bad_words=((4,), (1, 5)), min_tokens=2)
+    p = Sampling(bad_words=((4,), (1, 5)), min_tokens=2)
     out = process_window(logits, p, [0, 3], prompt_len=1, drafts=[1], end_ids={2})
     inf = float("-inf")
     assert out[0].tolist() == [0, 0, inf, 0, inf, 0]  # 1 generated < 2: EOS banned; (1,5) not primed
@@ -81,11 +82,11 @@ def test_bad_words_ban_the_last_token_after_their_prefix_and_min_tokens_bans_the
 
 def test_nothing_to_process_returns_the_same_tensor_and_bad_values_are_rejected():
     logits = torch.randn(2, 5)
-    assert process_window(logits, SamplingParams(), [1], 1, [3], {2}) is logits
+    assert process_window(logits, Sampling(), [1], 1, [3], {2}) is logits
     for kw, field in ((dict(repetition_penalty=0.0), "repetition_penalty"), (dict(min_tokens=-1), "min_tokens"),
                       (dict(presence_penalty=float("nan")), "presence_penalty"), (dict(bad_words=((),)), "bad_words")):
         with pytest.raises(SamplingError, match=field):
-            SamplingParams(**kw)
+            Sampling(**kw)
     assert ends_with_stop_word([1, 2, 3], ((2, 3),)) and not ends_with_stop_word([1, 2, 3], ((1, 2),))
 
 
@@ -107,9 +108,9 @@ def _plain(target, prompts, params):
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_speculation_is_token_identical_to_plain_decoding_under_each_processor(target, draft, name):
-    params = SamplingParams(max_new_tokens=40, logprobs=True, **SETTINGS[name])
+    params = Sampling(max_tokens=40, logprobs=True, **SETTINGS[name])
     plain = _plain(target, PROMPTS, params)
-    baseline = _plain(target, PROMPTS, SamplingParams(max_new_tokens=40))
+    baseline = _plain(target, PROMPTS, Sampling(max_tokens=40))
     # the processor changes the output somewhere, or this test proves nothing
     assert [g.token_ids for g in plain] != [g.token_ids for g in baseline]
     for proposer in (DraftModelProposer(draft, 4, 300), NgramProposer()):
@@ -125,7 +126,7 @@ def test_speculation_is_token_identical_to_plain_decoding_under_each_processor(t
 
 def test_the_processors_hold_in_the_output(target):
     def gen(**kw):
-        return _plain(target, PROMPTS, SamplingParams(max_new_tokens=40, **kw))
+        return _plain(target, PROMPTS, Sampling(max_tokens=40, **kw))
 
     for g in gen(bad_words=((3,), (41, 38))):
         seq = g.request.prompt + g.token_ids
@@ -141,7 +142,7 @@ def test_the_processors_hold_in_the_output(target):
 
 
 def test_log_probs_are_the_targets_at_each_position(target):
-    params = SamplingParams(max_new_tokens=12, logprobs=True, repetition_penalty=1.5)
+    params = Sampling(max_tokens=12, logprobs=True, repetition_penalty=1.5)
     g = _plain(target, PROMPTS[:1], params)[0]
     seq = g.request.prompt + g.token_ids
     with torch.inference_mode():
@@ -157,9 +158,9 @@ def test_log_probs_are_the_targets_at_each_position(target):
 def test_sampled_speculation_follows_the_processed_target_distribution(target, draft):
     """Joint law of the first 3 sampled tokens (2-3 from one speculative step) against the exact
     law of the target with penalties and a bad word applied at each position."""
-    kw = dict(max_new_tokens=3, temperature=1.0, top_k=3, repetition_penalty=1.6, presence_penalty=0.7,
+    kw = dict(max_tokens=3, temperature=1.0, top_k=3, repetition_penalty=1.6, presence_penalty=0.7,
               frequency_penalty=0.3, bad_words=((9, 11),))
-    sp = SamplingParams(**kw)
+    sp = Sampling(**kw)
     prompt = [5, 9, 11, 5, 9]
     moved = []
 

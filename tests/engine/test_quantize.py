@@ -146,7 +146,7 @@ def test_quantized_target_speculative_greedy_equals_plain(fmt, quantized_target,
     from trtspec.speculative.engine import Engine
     from trtspec.speculative.proposers import DraftModelProposer
     from trtspec.speculative.runtime import load_model
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.sampling import Sampling
 
     from trtspec.config import NATIVE_KERNELS
     from trtspec.speculative.model import Int4Linear, Int8Linear
@@ -160,7 +160,7 @@ def test_quantized_target_speculative_greedy_equals_plain(fmt, quantized_target,
     draft = load_model(str(draft_dir), torch.float32, torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(str(out))  # the export carries the tokenizer
     prompts = [tok(p, add_special_tokens=False)["input_ids"][:32] for p in stdlib_snippets(2)]
-    params = SamplingParams(max_new_tokens=14, ignore_eos=True)
+    params = Sampling(max_tokens=14, ignore_eos=True)
     plain = Engine(target, None, max_batch_size=2, max_seq_len=64).generate(prompts, params)
     spec = Engine(target, DraftModelProposer(draft, 2, 72), max_draft_len=4, max_batch_size=2,
                   max_seq_len=64).generate(prompts, params)
@@ -440,7 +440,7 @@ def test_eagle3_head_quantizes_exports_and_drafts(eagle3_head_dir, tiny_models, 
     from trtspec.speculative.runtime import load_model
     from trtspec.speculative.engine import Engine
     from trtspec.speculative.model import load_causal_lm
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.sampling import Sampling
 
     target_dir = tiny_models[0]
     q = make_quantization("fp8", "fp8", calib_size=4, calib_seq_len=64)
@@ -454,7 +454,7 @@ def test_eagle3_head_quantizes_exports_and_drafts(eagle3_head_dir, tiny_models, 
     head = load_eagle3_head(res.out_dir, target)  # the runtime's loader sees the manifest: fake-quant
     assert head.fc.input_quantizer.is_enabled and head.layers[0].self_attn.k_bmm_quantizer.is_enabled
     prompts = [[5, 17, 99, 250, 31, 7], [400, 12, 3, 3, 81]]
-    params = SamplingParams(max_new_tokens=12, ignore_eos=True)
+    params = Sampling(max_tokens=12, ignore_eos=True)
     plain = Engine(target, None, max_batch_size=2, max_seq_len=64).generate(prompts, params)
     spec = Engine(target, Eagle3Proposer(head, 2, 72), max_draft_len=3, max_batch_size=2, max_seq_len=64).generate(prompts, params)
     assert [g.token_ids for g in spec] == [g.token_ids for g in plain]

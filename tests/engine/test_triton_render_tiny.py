@@ -97,10 +97,12 @@ def test_torch_repository_carries_runtime_specs_and_manifest(tmp_path, tiny_mode
     spec = json.loads((tmp_path / "repo" / "tensorrt_llm" / "1" / "runtime_spec.json").read_text())
     base = json.loads((tmp_path / "repo" / "tensorrt_llm_baseline" / "1" / "runtime_spec.json").read_text())
     assert spec["method"] == "draft_target" and spec["draft"] == str(draft) and spec["target"] == str(target)
-    assert (spec["draft_weight_only"], spec["compile_draft"], spec["adaptive"]) == ("int8", True, True)
+    assert spec["version"] == 2
+    rt, base_rt = spec["runtime"], base["runtime"]
+    assert (rt["draft_weight_only"], rt["compile_draft"], rt["adaptive"]["enabled"]) == ("int8", True, True)
     assert base["method"] == "none" and base["draft"] is None and base["target"] == str(target)
     # the fallback is ordinary decoding: no option that needs a draft survives (each would be refused)
-    assert (base["draft_weight_only"], base["compile_draft"], base["adaptive"]) == ("none", False, False)
+    assert (base_rt["draft_weight_only"], base_rt["compile_draft"], base_rt["adaptive"]["enabled"]) == ("none", False, False)
     RuntimeSpec.from_json(json.dumps(base))
     m = res.manifest
     assert m["kind"] == "triton-repository"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from trtspec.speculative import faults
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.speculative.verify import verify_sampled
 from tests.unit.test_verify import NEG, V
 
@@ -34,7 +34,7 @@ def _emitted_token_histograms(rule, n_samples: int, seed: int = 0):
         [[0.0, 2.0, 0.5, 1.0, 0.0, 1.0, NEG, NEG],
          [1.0, 0.0, 0.0, 0.8, 0.0, 0.0, 1.2, NEG]]
     )
-    params = SamplingParams(temperature=1.0)
+    params = Sampling(temperature=1.0)
     q = q_logits.softmax(-1)
     first = torch.zeros(V)
     second = torch.zeros(V)

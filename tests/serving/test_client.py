@@ -109,6 +109,33 @@ def test_sampling_errors(kwargs, field):
         Sampling(**kwargs)
 
 
+def test_the_client_sends_what_a_sampling_sets_and_leaves_the_rest_unsent():
+    names = ("max_tokens", "stream", "temperature", "top_k", "top_p", "seed", "end_id", "pad_id", "min_length",
+             "return_perf_metrics", "exclude_input_in_output", "repetition_penalty", "presence_penalty",
+             "frequency_penalty", "return_log_probs")
+    types = {"temperature": "FP32", "top_p": "FP32", "repetition_penalty": "FP32", "presence_penalty": "FP32",
+             "frequency_penalty": "FP32", "seed": "UINT64", "stream": "BOOL", "return_perf_metrics": "BOOL",
+             "exclude_input_in_output": "BOOL", "return_log_probs": "BOOL"}
+    info = ModelInfo.from_config({"name": "ensemble", "max_batch_size": 8, "input": [
+        {"name": "text_input", "data_type": "TYPE_STRING", "dims": ["1"]},
+        *({"name": n, "data_type": f"TYPE_{types.get(n, 'INT32')}", "dims": ["1"], "optional": True} for n in names)]})
+    client = AsyncLLMClient("127.0.0.1:1")
+
+    def sent(sampling):
+        tensors, _ = client._inputs(info, "hi", sampling, True)
+        return {t.name() for t in tensors}
+
+    # the defaults send what they always sent: nothing unset, no processor that is off
+    assert sent(Sampling(max_tokens=4)) == {"text_input", "max_tokens", "stream", "temperature",
+                                            "return_perf_metrics", "exclude_input_in_output"}
+    asked = sent(Sampling(max_tokens=4, temperature=0.5, top_p=0.9, min_tokens=2, repetition_penalty=1.2,
+                          logprobs=True))
+    assert {"top_p", "min_length", "repetition_penalty", "return_log_probs"} <= asked
+    assert not {"top_k", "seed", "presence_penalty", "frequency_penalty"} & asked
+    with pytest.raises(ConfigError, match="stop_words: is not sent by the gRPC client"):
+        sent(Sampling(stop_words=((3, 4),)))
+
+
 def test_sampling_from_recipe_drops_sampling_knobs_when_greedy():
     from trtspec.config import Sampling as RecipeSampling
 

@@ -15,7 +15,7 @@ from tritonclient.utils import InferenceServerException
 from tests.serving.triton_stream import generate, generate_many, metric, metrics, raw_stream
 
 from trtspec.config import parse_recipe
-from trtspec.triton.render import TEMPLATES, bls_plan, inputs_from_recipe, package, render_model, torch_engine_plan
+from trtspec.triton.render import TEMPLATES, inputs_from_recipe, package, render_model, rounds_plan
 from trtspec.triton.launch.server import TritonServer
 
 MAX_TOKENS = 24
@@ -54,15 +54,10 @@ def server(recipe, tmp_path_factory):
 
 
 def add_draft_target_bls(repo, recipe) -> None:
-    """The TRT-LLM engine flow's draft-target BLS, here over torch models with the same tensors:
-    tensorrt_llm_draft (the draft, decoding plainly) and tensorrt_llm_baseline (the target)."""
-    from dataclasses import replace
-
-    inp = inputs_from_recipe(recipe)
-    s = inp.runtime_spec
-    draft = replace(s, target=s.draft, method="none", draft=None, adaptive=False)
-    render_model(torch_engine_plan("tensorrt_llm_draft", inp, draft, "draft"), TEMPLATES, repo)
-    render_model(bls_plan(inp, "tensorrt_llm_baseline", "tensorrt_llm_draft", 4), TEMPLATES, repo)
+    """The TRT-LLM engine flow's token-level draft-target rounds (trtspec_draft_target), here over
+    torch models with the same tensors: tensorrt_llm_draft (the draft decoding plainly, which
+    `trtspec package` renders for a draft-target recipe) and tensorrt_llm_baseline (the target)."""
+    render_model(rounds_plan(inputs_from_recipe(recipe), "tensorrt_llm_baseline", "tensorrt_llm_draft", 4), TEMPLATES, repo)
 
 
 @pytest.fixture(scope="module")
@@ -96,10 +91,10 @@ def in_process(recipe):
 
 
 def greedy(engine, tokenizer, text: str, max_tokens: int = MAX_TOKENS):
-    from trtspec.speculative.sampling import SamplingParams
+    from trtspec.sampling import Sampling
 
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-    g = engine.generate([ids], SamplingParams(max_new_tokens=max_tokens))[0]
+    g = engine.generate([ids], Sampling(max_tokens=max_tokens))[0]
     return g, tokenizer.decode(g.token_ids, skip_special_tokens=True)
 
 
@@ -260,7 +255,7 @@ def test_draft_target_bls_rounds_stream_the_target_greedy_text(url, tokenizer, p
 
     g, _ = greedy(in_process[0], tokenizer, prompts[0])
     ids = tokenizer(prompts[0], add_special_tokens=False)["input_ids"]
-    results = raw_stream(url, "tensorrt_llm_bls", {
+    results = raw_stream(url, "trtspec_draft_target", {
         "input_ids": np.array([ids], np.int32), "input_lengths": np.array([[len(ids)]], np.int32),
         "request_output_len": np.array([[MAX_TOKENS]], np.int32), "streaming": np.array([[True]], bool)})
     out = [i for r in results for i in r.as_numpy("output_ids").reshape(-1).tolist()]
@@ -296,3 +291,21 @@ def test_server_owns_a_process_group_and_private_shared_memory(server):
     assert server.running
     assert os.getpgid(server.proc.pid) == server.proc.pid  # stubs are killed with the group
     assert list(pathlib.Path("/dev/shm").glob(server.shm_prefix + "*"))  # removed by stop()
+
+
+def test_worker_mode_engine_stubs_hold_no_torch(server, url, prompts):
+    """serving.engine_process: worker (the default here): the engine models' stubs parse and answer
+    while their workers hold torch and the weights, so no torch library is mapped into a stub."""
+    import pathlib
+
+    from trtspec.triton.procs import stubs_of, workers_of
+
+    for model in ("ensemble", "ensemble_baseline"):
+        generate(url, model, prompts[0], max_tokens=4)
+    engines = [s for s in stubs_of(server.proc.pid) if s.model in ("tensorrt_llm", "tensorrt_llm_baseline")]
+    assert {s.model for s in engines} == {"tensorrt_llm", "tensorrt_llm_baseline"}
+    for stub in engines:
+        workers = workers_of(stub.pid)
+        assert workers, f"{stub.model}: no engine worker"
+        assert "libtorch" not in pathlib.Path(f"/proc/{stub.pid}/maps").read_text(), f"{stub.model}'s stub loads torch"
+        assert "libtorch" in pathlib.Path(f"/proc/{workers[0]}/maps").read_text()  # the check can see torch

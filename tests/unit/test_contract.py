@@ -6,6 +6,7 @@ only ones; every tensor has a status; unsupported inputs are refused naming them
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import numpy as np
@@ -38,7 +39,10 @@ RECIPES = {
 # rendered model → the NVIDIA model whose contract it carries
 CARRIES = {"ensemble": "ensemble", "ensemble_baseline": "ensemble", "preprocessing": "preprocessing",
            "postprocessing": "postprocessing", "tensorrt_llm": "tensorrt_llm",
-           "tensorrt_llm_baseline": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm"}
+           "tensorrt_llm_baseline": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm",
+           "tensorrt_llm_bls": "tensorrt_llm_bls"}
+# draft-target recipes carry NVIDIA's text BLS and its draft model too
+DRAFT_TARGET = {"torch", "trtllm-engine"}
 DT = model_config_pb2.DataType
 
 
@@ -89,14 +93,16 @@ def test_rendered_models_declare_nvidias_tensors_exactly(runtime, tmp_path):
         for t in want["outputs"]:
             assert got_out.pop(t["name"], None) == t, f"{name}: NVIDIA output {t['name']}"
         assert set(got_out) <= set(EXTRA_OUTPUTS), f"{name}: undocumented outputs {set(got_out)}"
-    assert checked == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm"}
+    assert checked == {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm",
+                       *(["tensorrt_llm_bls"] if runtime in DRAFT_TARGET else [])}
+    assert ("tensorrt_llm_draft" in configs) is (runtime in DRAFT_TARGET)
 
 
 @pytest.mark.parametrize("runtime", sorted(RECIPES))
 @pytest.mark.parametrize("decoupled", [True, False])
 def test_serving_decoupled_renders_nvidias_decoupled_mode(runtime, decoupled, tmp_path):
     configs = _configs(_render(runtime, tmp_path, decoupled=decoupled))
-    generation = {n for n in configs if n.startswith(("tensorrt_llm", "router"))}
+    generation = {n for n in configs if n.startswith(("tensorrt_llm", "router", "trtspec_draft_target"))}
     assert generation and {n: configs[n].model_transaction_policy.decoupled for n in generation} == {
         n: decoupled for n in generation}
 
@@ -112,8 +118,7 @@ def test_the_golden_contract_is_nvidias_at_c2e65b8():
 def test_every_nvidia_tensor_has_a_status_and_the_readme_shows_the_table():
     for io in nvidia_contract().values():
         for t in io["inputs"]:
-            assert input_status(t["name"]).kind in ("implemented", "no effect", "default only", "rejected",
-                                                    "not declared")
+            assert input_status(t["name"]).kind in ("implemented", "no effect", "default only", "rejected")
         for t in io["outputs"]:
             assert output_status(t["name"]).kind in ("implemented", "not produced", "always empty")
     assert markdown_table() in (REPO / "README.md").read_text()
@@ -153,9 +158,9 @@ def test_nvidias_request_fields_are_read():
         return_log_probs=one(True, bool), num_return_sequences=one(2, np.int32), random_seed=one(7, np.uint64),
         beam_width=one(1, np.int32), len_penalty=one(0.5, np.float32), temperature=one(0.9, np.float32),
         runtime_top_k=one(4, np.int32)))
-    sp = req.sampling_params(seed=8)
+    sp = req.sequence_sampling(1)
     assert (sp.stop_words, sp.bad_words, sp.min_tokens, sp.logprobs, sp.seed) == (((3, 4), (9,)), ((8,),), 3, True, 8)
-    assert (req.num_return_sequences, req.seed, req.top_k) == (2, 7, 4)
+    assert (req.num_return_sequences, req.sampling.seed, req.sampling.top_k) == (2, 7, 4)
     assert sp.repetition_penalty == pytest.approx(1.2) and sp.frequency_penalty == pytest.approx(0.25)
     with pytest.raises(RequestInputError, match="seed=1 and random_seed=2 disagree"):
         parse_generation(_get(seed=one(1, np.uint64), random_seed=one(2, np.uint64)))
@@ -172,4 +177,53 @@ def test_nvidias_request_fields_are_read():
 def test_trtllms_greedy_rule(tensors, greedy):
     dtypes = {"temperature": np.float32, "runtime_top_k": np.int32, "runtime_top_p": np.float32}
     req = parse_generation(_get(**{k: np.array([[v]], dtypes[k]) for k, v in tensors.items()}))
-    assert req.sampling_params().greedy is greedy
+    assert req.sampling.greedy is greedy
+
+
+# --------------------------------------------------------------------------------------------
+# goldens: the TRT-LLM runtimes' repositories, model by model (NVIDIA's model names and tensors)
+
+GOLDEN = REPO / "tests" / "golden" / "repository"
+TRTLLM_RECIPES = sorted(p for p in (REPO / "build_configs").glob("*.yaml")
+                        if load_recipe(p).runtime.backend.startswith("trtllm"))
+
+
+def _summary(cfg: model_config_pb2.ModelConfig) -> dict:
+    def tensor(t, inputs: bool) -> str:
+        s = f"{t.name} {DT.Name(t.data_type)} {list(t.dims)}"
+        if inputs and t.HasField("reshape"):
+            s += f" reshape {list(t.reshape.shape)}"
+        return s + (" optional" if inputs and t.optional else "")
+
+    out = {"backend": cfg.backend or cfg.platform, "max_batch_size": cfg.max_batch_size,
+           "decoupled": cfg.model_transaction_policy.decoupled,
+           "inputs": [tensor(t, True) for t in cfg.input], "outputs": [tensor(t, False) for t in cfg.output],
+           "parameters": {k: v.string_value for k, v in sorted(cfg.parameters.items())}}
+    if cfg.HasField("ensemble_scheduling"):
+        out["steps"] = [{"model": s.model_name, "inputs": dict(sorted(s.input_map.items())),
+                         "outputs": dict(sorted(s.output_map.items()))} for s in cfg.ensemble_scheduling.step]
+    return out
+
+
+@pytest.mark.parametrize("path", TRTLLM_RECIPES, ids=lambda p: p.stem)
+def test_trtllm_repository_matches_golden(path, tmp_path):
+    """Every model of a TRT-LLM recipe's repository: NVIDIA's model names (ensemble, preprocessing,
+    postprocessing, tensorrt_llm, and for draft-target tensorrt_llm_draft + tensorrt_llm_bls), its
+    tensors, parameters and ensemble wiring. Regenerate with TRTSPEC_UPDATE_GOLDEN=1 and review."""
+    from tests.goldens import check_golden
+
+    recipe = load_recipe(path)
+    # a fixed, absolute build folder (planned, not built) keeps the golden machine-independent
+    repo = package(recipe, tmp_path / "repo", build_dir=pathlib.Path("/build") / recipe.name).path
+    configs = _configs(repo)
+    nvidia = {"ensemble", "preprocessing", "postprocessing", "tensorrt_llm"}
+    if recipe.speculation.method == "draft_target":
+        nvidia |= {"tensorrt_llm_draft", "tensorrt_llm_bls"}
+    assert nvidia <= set(configs)
+    if "tensorrt_llm_bls" in configs:  # NVIDIA's text BLS over NVIDIA's engine names
+        p = {k: v.string_value for k, v in configs["tensorrt_llm_bls"].parameters.items()}
+        assert (p["tensorrt_llm_model_name"], p["tensorrt_llm_draft_model_name"]) == ("tensorrt_llm", "tensorrt_llm_draft")
+        assert {t.name for t in configs["tensorrt_llm_bls"].input} >= {
+            t["name"] for t in nvidia_contract()["tensorrt_llm_bls"]["inputs"]}
+    text = json.dumps({name: _summary(cfg) for name, cfg in sorted(configs.items())}, indent=1) + "\n"
+    check_golden(GOLDEN / f"{path.stem}.json", text.replace(str(REPO), "<checkout>"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import functools
 import pathlib
+import subprocess
 import sys
 
 import pytest
@@ -29,8 +30,10 @@ TORCH_FREE = (
     "trtspec.trtllm", "trtspec.triton.render", "trtspec.triton.placement", "trtspec.triton.launch",
     "trtspec.triton.procs", "trtspec.triton.backend.routing", "trtspec.triton.backend.router",
     "trtspec.triton.backend.requests", "trtspec.triton.backend.common", "trtspec.triton.backend.cancel",
-    "trtspec.triton.backend.detok", "trtspec.triton.backend.coalesce", "trtspec.triton.backend.watchdog_model", "trtspec.triton.backend.bls",
-    "trtspec.triton.backend.llmapi", "trtspec.triton.backend.tokenizer",
+    "trtspec.triton.backend.detok", "trtspec.triton.backend.coalesce", "trtspec.triton.backend.watchdog_model",
+    "trtspec.triton.backend.bls", "trtspec.triton.backend.llmapi", "trtspec.triton.backend.tokenizer",
+    "trtspec.triton.backend.engine", "trtspec.triton.backend.worker", "trtspec.triton.backend.guard",
+    "trtspec.triton.access", "trtspec.sampling", "trtspec.speculative.spec",
     "trtspec.client", "trtspec.validate", "trtspec.deploy", "trtspec.speculative.stats", "trtspec.run_report",
     "trtspec.speculative.loaders", "trtspec.cli.app", "trtspec.cli.common", "trtspec.cli.inspect",
     "trtspec.cli.build", "trtspec.cli.serve", "trtspec.cli.measure", "trtspec.cli.deploy",
@@ -189,6 +192,27 @@ def test_torch_free_modules_reach_no_torch(prefix):
         if heavy:
             bad[m] = sorted(heavy)
     assert not bad, f"torch-free modules import heavy packages at module level: {bad}"
+
+
+# what the tensorrt_llm stub of the torch runtime runs (templates/tensorrt_llm/torch/1/model.py),
+# and what it unpickles from its engine worker (the stats of each event)
+WORKER_MODE_STUB = ("trtspec.triton.backend.engine", "trtspec.speculative.stats")
+
+
+def test_a_worker_mode_engine_stub_loads_no_torch():
+    """In serving.engine_process: worker the engine stub parses, answers and relays; torch and the
+    weights live in the worker. A fresh interpreter, as the stub is, imports the stub's modules and
+    builds a request's Sampling without loading torch (thread mode imports it lazily)."""
+    code = ("import sys\n"
+            + "".join(f"import {m}\n" for m in WORKER_MODE_STUB)
+            + "import numpy as np\n"
+            + "from trtspec.triton.backend.requests import parse_generation\n"
+            + "t = {'input_ids': np.array([[1, 2]], np.int32), 'request_output_len': np.array([[4]], np.int32),\n"
+            + "     'temperature': np.array([[0.7]], np.float32), 'runtime_top_k': np.array([[5]], np.int32)}\n"
+            + "assert parse_generation(t.get).sampling.top_k == 5\n"
+            + "print(sorted(m for m in sys.modules if m.split('.')[0] in %r))\n" % sorted(HEAVY))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"the worker-mode engine stub loads: {out.strip()}"
 
 
 def test_forbidden_edges():

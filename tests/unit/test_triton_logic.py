@@ -99,10 +99,10 @@ def test_parse_generation_reads_the_tensorrtllm_inputs():
         runtime_top_k=one(5, np.int32), runtime_top_p=one(0.9, np.float32), seed=one(3, np.uint64),
         end_id=one(2, np.int32), pad_id=one(-1, np.int32), draft_input_ids=np.array([[8, 9]], np.int32),
     ))
-    assert req.input_ids == [5, 6, 7] and req.max_tokens == 9 and req.streaming
-    assert (req.temperature, req.top_k, req.top_p, req.seed) == (pytest.approx(0.7), 5, pytest.approx(0.9), 3)
-    assert req.end_id == 2 and req.pad_id is None and req.draft_input_ids == [8, 9]
-    assert req.sampling_params().stop_token_ids == (2,)
+    s = req.sampling
+    assert req.input_ids == [5, 6, 7] and s.max_tokens == 9 and req.streaming
+    assert (s.temperature, s.top_k, s.top_p, s.seed) == (pytest.approx(0.7), 5, pytest.approx(0.9), 3)
+    assert s.end_id == 2 and s.pad_id is None and req.draft_input_ids == [8, 9]
     t = engine_inputs(req, with_drafts=False)
     assert t["input_ids"].tolist() == [[5, 6, 7]] and "draft_input_ids" not in t
     assert t["return_perf_metrics"].tolist() == [[True]]
@@ -125,11 +125,13 @@ def test_parse_generation_rejects_bad_requests(tensors, message):
         parse_generation(_get(**tensors))
 
 
-def test_router_leaves_sampling_checks_to_the_engine():
-    req = parse_generation(_get(input_ids=np.array([[1]], np.int32), request_output_len=one(4, np.int32),
-                                temperature=one(0.5, np.float32), runtime_top_k=one(5, np.int32),
-                                repetition_penalty=one(0.0, np.float32)), check_sampling=False)
-    assert req.repetition_penalty == 0.0  # invalid: the engine's SamplingParams refuses it
+def test_every_model_checks_sampling_as_the_engine_does():
+    # the router parses with the same torch-free Sampling as the engine: a bad value is refused
+    # where the request arrives, worded as the engine words it
+    with pytest.raises(RequestInputError, match="invalid sampling parameters: repetition_penalty must be > 0"):
+        parse_generation(_get(input_ids=np.array([[1]], np.int32), request_output_len=one(4, np.int32),
+                              temperature=one(0.5, np.float32), runtime_top_k=one(5, np.int32),
+                              repetition_penalty=one(0.0, np.float32)))
 
 
 # ------------------------------------------------------------------------------ preprocessing limits

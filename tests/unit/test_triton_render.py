@@ -111,11 +111,15 @@ def test_engine_flow_draft_target_layout(tmp_path):
         assert p["gpt_model_path"].endswith(engine)
         assert p["decoding_mode"] == "top_k_top_p" and p["gpt_model_type"] == "inflight_fused_batching"
     assert {k: v.string_value for k, v in target.parameters.items()}["gpu_device_ids"] == "0,1,2,3"
+    rounds = {k: v.string_value for k, v in parse(repo / "trtspec_draft_target" / "config.pbtxt").parameters.items()}
+    assert rounds == {"tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
+                      "num_draft_tokens": "10"}
+    # NVIDIA's text BLS over the same two engines (its contract: tests/unit/test_contract.py)
     bls = {k: v.string_value for k, v in parse(repo / "tensorrt_llm_bls" / "config.pbtxt").parameters.items()}
     assert bls == {"tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
-                   "num_draft_tokens": "10"}
+                   "plain_model": "ensemble_baseline", "max_draft_len": "10", "accumulate_tokens": "false"}
     router = {k: v.string_value for k, v in parse(repo / "router" / "config.pbtxt").parameters.items()}
-    assert (router["speculative_model"], router["speculative_model_kind"]) == ("tensorrt_llm_bls", "trtspec")
+    assert (router["speculative_model"], router["speculative_model_kind"]) == ("trtspec_draft_target", "trtspec")
     assert (router["baseline_model"], router["baseline_model_kind"]) == ("tensorrt_llm", "tensorrtllm")
 
 
@@ -167,3 +171,22 @@ def test_trtllm_runtime_needs_a_build_dir():
 # ------------------------------------------------------------------------------ CLI
 
 
+
+
+def test_package_cli_writes_absolute_model_folders(tmp_path, monkeypatch):
+    """--target / --draft relative to the caller's folder: the server's stubs run elsewhere."""
+    import json
+
+    from click.testing import CliRunner
+
+    from trtspec.cli.build import package as package_cmd
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "quantized").mkdir()
+    res = CliRunner().invoke(package_cmd, [str(REPO / "build_configs" / "tiny-cpu-draft-target.yaml"), "-o", "repo",
+                                           "--target", "quantized", "--draft", "quantized"])
+    assert res.exit_code == 0, res.output
+    spec = json.loads((tmp_path / "repo" / "tensorrt_llm" / "1" / "runtime_spec.json").read_text())
+    assert spec["target"] == spec["draft"] == str(tmp_path / "quantized")
+    draft = json.loads((tmp_path / "repo" / "tensorrt_llm_draft" / "1" / "runtime_spec.json").read_text())
+    assert (draft["target"], draft["method"], draft["draft"]) == (str(tmp_path / "quantized"), "none", None)

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from trtspec.speculative.sampling import SamplingError, SamplingParams, logits_to_probs
+from trtspec.sampling import Sampling, SamplingError
+from trtspec.speculative.sampling import logits_to_probs
 from trtspec.speculative.verify import verify_greedy, verify_sampled
 
 V = 8
@@ -64,14 +65,14 @@ def test_greedy_batch_rows_independent_and_lens_respected():
 
 
 def test_sampled_point_mass_all_accepted_when_target_agrees():
-    params = SamplingParams(temperature=1.0)
+    params = Sampling(temperature=1.0)
     v = verify_sampled(torch.tensor([3, 5]), None, peaked(3, 5, 6), params, torch.Generator().manual_seed(0))
     assert (v.accepted, v.next_token, v.bonus) == (2, 6, True)
 
 
 def test_sampled_rejection_never_resamples_rejected_point_mass_token():
     # target puts ~all mass on 2; draft proposes 3 (point mass): reject, and the residual excludes 3
-    params = SamplingParams(temperature=1.0)
+    params = Sampling(temperature=1.0)
     g = torch.Generator().manual_seed(1)
     for _ in range(50):
         v = verify_sampled(torch.tensor([3]), None, peaked(2, 0), params, g)
@@ -79,7 +80,7 @@ def test_sampled_rejection_never_resamples_rejected_point_mass_token():
 
 
 def test_sampled_empty_draft_samples_from_target():
-    v = verify_sampled(torch.zeros(0, dtype=torch.long), None, peaked(4), SamplingParams(temperature=1.0), None)
+    v = verify_sampled(torch.zeros(0, dtype=torch.long), None, peaked(4), Sampling(temperature=1.0), None)
     assert (v.accepted, v.next_token) == (0, 4)
 
 
@@ -90,26 +91,26 @@ def test_greedy_params_make_sampled_rule_equal_greedy_rule():
         k = int(torch.randint(0, 4, ()))
         logits = torch.randn(k + 1, V)
         draft = torch.randint(0, V, (k,))
-        v = verify_sampled(draft, None, logits, SamplingParams(), g)
+        v = verify_sampled(draft, None, logits, Sampling(), g)
         n, nxt = verify_greedy(draft[None], logits[None], torch.tensor([k]))
         assert (v.accepted, v.next_token) == (int(n), int(nxt))
 
 
 def test_invalid_sampling_params_are_rejected_with_the_field():
     with pytest.raises(SamplingError, match="top_p"):
-        SamplingParams(top_p=0.0)
+        Sampling(top_p=0.0)
     with pytest.raises(SamplingError, match="temperature"):
-        SamplingParams(temperature=-1)
-    with pytest.raises(SamplingError, match="max_new_tokens"):
-        SamplingParams(max_new_tokens=0)
+        Sampling(temperature=-1)
+    with pytest.raises(SamplingError, match="max_tokens"):
+        Sampling(max_tokens=0)
 
 
 def test_top_k_and_top_p_filtering():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0, -1.0, -2.0, -3.0]])
-    p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_k=2))
+    p = logits_to_probs(logits, Sampling(temperature=1.0, top_k=2))
     assert (p[0, 2:] == 0).all() and math.isclose(float(p.sum()), 1.0, rel_tol=1e-6)
     full = logits.softmax(-1)[0]
-    p = logits_to_probs(logits, SamplingParams(temperature=1.0, top_p=float(full[0] + full[1] * 0.5)))
+    p = logits_to_probs(logits, Sampling(temperature=1.0, top_p=float(full[0] + full[1] * 0.5)))
     assert p[0, 0] > 0 and p[0, 1] > 0 and (p[0, 2:] == 0).all()
 
 

@@ -38,7 +38,7 @@ from trtspec.checkpoints.tiny import encode_corpus
 from trtspec.corpus import corpus_split
 from trtspec.speculative.eagle3 import Eagle3Proposer
 from trtspec.speculative.engine import Engine
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 
 TRAINERS = ("native", "modelopt")
 Progress = Callable[[str, int, int, dict], None]  # (phase, step, total, metrics)
@@ -277,7 +277,7 @@ def measure_acceptance(target: CausalLM, head: Eagle3Head, prompts: list[list[in
     max_seq = max(len(p) for p in prompts) + max_new_tokens + 8
     prop = Eagle3Proposer(head, 8, max_seq + max_draft_len + 2)
     eng = Engine(target, prop, max_draft_len=max_draft_len, max_batch_size=8, max_seq_len=max_seq)
-    gens = eng.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens, ignore_eos=True))
+    gens = eng.generate(prompts, Sampling(max_tokens=max_new_tokens, ignore_eos=True))
     drafted = sum(g.stats.drafted for g in gens)
     accepted = sum(g.stats.accepted for g in gens)
     steps = sum(g.stats.steps for g in gens)

@@ -77,9 +77,10 @@ def build(config: str, out_dir: str | None, dry_run: bool, examples_dir: str | N
               help="New folder for the model repository.")
 @click.option("--build-dir", type=click.Path(file_okay=False), default=None,
               help="TRT-LLM runtimes: the folder `trtspec build` wrote (default: build/<recipe name>).")
-@click.option("--target", type=click.Path(file_okay=False), default=None,
+# absolute: the server's stubs read these folders from their own working directory
+@click.option("--target", type=click.Path(file_okay=False, resolve_path=True), default=None,
               help="torch runtime: serve this target folder instead of the recipe's (e.g. a quantized export).")
-@click.option("--draft", type=click.Path(file_okay=False), default=None,
+@click.option("--draft", type=click.Path(file_okay=False, resolve_path=True), default=None,
               help="torch runtime: serve this draft / head folder instead of the recipe's.")
 @click.option("--force", is_flag=True, help="Replace OUT if it exists.")
 @click.option("--json", "as_json", is_flag=True, help="Print the repository's manifest as JSON.")

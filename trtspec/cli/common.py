@@ -1,4 +1,5 @@
-"""What every command shares: the consoles, the error boundary, progress bars, list options.
+"""What every command shares: the consoles, the error boundary, progress bars, list options,
+option groups.
 
 :func:`handle_errors` is the one error boundary: library errors (``TrtspecError``) become a
 one-paragraph message and their exit code; Ctrl-C and SIGTERM exit 128 + signal; anything else
@@ -13,6 +14,7 @@ import signal
 import sys
 import time
 import traceback
+from typing import Any, Callable
 
 import click
 from rich.console import Console
@@ -167,3 +169,47 @@ def _url_list(ctx, param, value):
     if not urls:
         raise click.BadParameter("expected HOST:PORT of the server's gRPC endpoint, e.g. --url 127.0.0.1:8001")
     return tuple(dict.fromkeys(urls))
+
+
+class OptionGroup:
+    """Click options that reach the command as one typed value instead of one parameter each.
+
+    Declare the options with :meth:`option` (inline in the command's decorators, so ``--help``
+    lists them where they always were) or :meth:`options` (a block, for groups several commands
+    share); :func:`with_groups` under the decorators then calls ``build(**their values)`` and
+    passes the result as ``dest``. ``build`` runs inside :func:`handle_errors`, so the error a
+    typed object raises for a bad value is reported as every library error is.
+    """
+
+    def __init__(self, dest: str, build: Callable[..., Any], *, needs: tuple[str, ...] = ()):
+        self.dest, self.build = dest, build
+        self.needs = needs  # the ``dest`` of groups built before this one that ``build`` takes (consumed)
+        self.names: list[str] = []
+        self._declared: list[tuple[tuple, dict]] = []
+
+    def option(self, *decls, **attrs):
+        """One option of the group: a ``click.option`` whose value goes to ``build``."""
+        name = click.Option(decls, **attrs).name
+        if name not in self.names:
+            self.names.append(name)
+            self._declared.append((decls, attrs))
+        return click.option(*decls, **attrs)
+
+    def options(self, fn):
+        """Every option declared so far, as one block (in declaration order)."""
+        for decls, attrs in reversed(self._declared):
+            fn = click.option(*decls, **attrs)(fn)
+        return fn
+
+
+def with_groups(*groups: OptionGroup):
+    """Replace each group's option values by ``group.build(...)`` (passed as ``group.dest``)."""
+    def decorate(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            for g in groups:
+                kwargs[g.dest] = g.build(**{n: kwargs.pop(n) for n in g.names},
+                                         **{d: kwargs.pop(d) for d in g.needs})
+            return fn(*args, **kwargs)
+        return wrapper
+    return decorate

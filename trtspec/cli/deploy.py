@@ -10,7 +10,15 @@ import click
 from trtspec.config import load_recipe
 from trtspec.deploy.k8s import K8sOptions, write_k8s
 from trtspec.triton.access import REQUIRED_HEADER_ENV
-from trtspec.cli.common import err, handle_errors, out
+from trtspec.cli.common import OptionGroup, err, handle_errors, out, with_groups
+
+
+def _k8s_options(target_pending, **fields) -> K8sOptions:
+    return K8sOptions(target_pending_requests=target_pending, **fields)
+
+
+# --name … --monitoring-namespace → K8sOptions (the option names are its fields', but --target-pending)
+K8S = OptionGroup("opts", _k8s_options)
 
 
 @click.group()
@@ -26,36 +34,35 @@ def deploy() -> None:
               help="TRT-LLM runtimes: the folder `trtspec build` wrote (default: build/<recipe name>).")
 @click.option("--target", type=click.Path(file_okay=False), default=None, help="torch runtime: serve this target folder.")
 @click.option("--draft", type=click.Path(file_okay=False), default=None, help="torch runtime: serve this draft / head folder.")
-@click.option("--name", default=None, help="Object name prefix (default: the recipe name, DNS-safe).")
-@click.option("--namespace", default="default", show_default=True)
-@click.option("--image", default=None, help="Container image (default: trtspec-triton:<version>-<release>, what `make image` builds from docker/Dockerfile on runtime.trtllm.container_image; push it and pass REGISTRY/NAME:TAG).")
-@click.option("--mount-path", default="/workspace", show_default=True,
-              help="Where the pods mount the volume: the build, models and OUT must be under it, at these paths.")
-@click.option("--pvc", default=None, help="Use this existing PersistentVolumeClaim (default: k8s/pvc.yaml makes NAME-models).")
-@click.option("--storage", default="1Ti", show_default=True, help="Size of the claim k8s/pvc.yaml makes.")
-@click.option("--storage-class", default=None, help="StorageClass of that claim (ReadWriteMany).")
-@click.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="Pods per track at first; the autoscalers' minimum.")
-@click.option("--max-replicas", default=4, show_default=True, type=click.IntRange(1), help="Autoscalers' maximum per track.")
-@click.option("--speculative-weight", default=0, show_default=True, type=click.IntRange(0, 100),
-              help="Percent of traffic on the speculative track at first (rollout.sh changes it).")
-@click.option("--target-pending", type=click.IntRange(1), default=None,
-              help="Scale out above this many waiting requests per pod (default: limits.max_batch_size).")
-@click.option("--target-queue-ms", default=100.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
-              help="Scale out above this average queue time per request.")
-@click.option("--shm-size", default="16Gi", show_default=True, help="/dev/shm of each pod (python backend, NCCL).")
-@click.option("--cpu", default="4", show_default=True, help="CPU request and limit per pod, e.g. 16.")
-@click.option("--memory", default="32Gi", show_default=True, help="Memory request and limit per pod, e.g. 256Gi.")
-@click.option("--image-digest", default=None, help="Pull the image by this digest (sha256:...), not by its tag.")
-@click.option("--gateway-namespace", default="istio-system", show_default=True,
-              help="Namespace of the gateway/mesh ingress that may reach ports 8000/8001 (NetworkPolicy, Istio).")
-@click.option("--monitoring-namespace", default="monitoring", show_default=True,
-              help="Namespace that may scrape the metrics port 8002 (NetworkPolicy).")
+@K8S.option("--name", default=None, help="Object name prefix (default: the recipe name, DNS-safe).")
+@K8S.option("--namespace", default="default", show_default=True)
+@K8S.option("--image", default=None, help="Container image (default: trtspec-triton:<version>-<release>, what `make image` builds from docker/Dockerfile on runtime.trtllm.container_image; push it and pass REGISTRY/NAME:TAG).")
+@K8S.option("--mount-path", default="/workspace", show_default=True,
+            help="Where the pods mount the volume: the build, models and OUT must be under it, at these paths.")
+@K8S.option("--pvc", default=None, help="Use this existing PersistentVolumeClaim (default: k8s/pvc.yaml makes NAME-models).")
+@K8S.option("--storage", default="1Ti", show_default=True, help="Size of the claim k8s/pvc.yaml makes.")
+@K8S.option("--storage-class", default=None, help="StorageClass of that claim (ReadWriteMany).")
+@K8S.option("--replicas", default=1, show_default=True, type=click.IntRange(1), help="Pods per track at first; the autoscalers' minimum.")
+@K8S.option("--max-replicas", default=4, show_default=True, type=click.IntRange(1), help="Autoscalers' maximum per track.")
+@K8S.option("--speculative-weight", default=0, show_default=True, type=click.IntRange(0, 100),
+            help="Percent of traffic on the speculative track at first (rollout.sh changes it).")
+@K8S.option("--target-pending", type=click.IntRange(1), default=None,
+            help="Scale out above this many waiting requests per pod (default: limits.max_batch_size).")
+@K8S.option("--target-queue-ms", default=100.0, show_default=True, type=click.FloatRange(min=0, min_open=True),
+            help="Scale out above this average queue time per request.")
+@K8S.option("--shm-size", default="16Gi", show_default=True, help="/dev/shm of each pod (python backend, NCCL).")
+@K8S.option("--cpu", default="4", show_default=True, help="CPU request and limit per pod, e.g. 16.")
+@K8S.option("--memory", default="32Gi", show_default=True, help="Memory request and limit per pod, e.g. 256Gi.")
+@K8S.option("--image-digest", default=None, help="Pull the image by this digest (sha256:...), not by its tag.")
+@K8S.option("--gateway-namespace", default="istio-system", show_default=True,
+            help="Namespace of the gateway/mesh ingress that may reach ports 8000/8001 (NetworkPolicy, Istio).")
+@K8S.option("--monitoring-namespace", default="monitoring", show_default=True,
+            help="Namespace that may scrape the metrics port 8002 (NetworkPolicy).")
 @click.option("--force", is_flag=True, help="Replace OUT if it is an earlier deployment folder (nothing else).")
 @click.option("--json", "as_json", is_flag=True, help="Print the folder's manifest as JSON.")
 @handle_errors
-def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image, mount_path, pvc, storage,
-               storage_class, replicas, max_replicas, speculative_weight, target_pending, target_queue_ms, shm_size,
-               cpu, memory, image_digest, gateway_namespace, monitoring_namespace, force, as_json):
+@with_groups(K8S)
+def deploy_k8s(config, out_dir, build_dir, target, draft, opts, force, as_json):
     """Kubernetes manifests: the speculative deployment beside its baseline, weighted traffic split.
 
     \b
@@ -67,12 +74,6 @@ def deploy_k8s(config, out_dir, build_dir, target, draft, name, namespace, image
     recipe = load_recipe(config)
     if recipe.runtime.backend != "torch" and build_dir is None:
         build_dir = os.path.join("build", recipe.name)
-    opts = K8sOptions(name=name, namespace=namespace, image=image, mount_path=mount_path, pvc=pvc, storage=storage,
-                      storage_class=storage_class, replicas=replicas, max_replicas=max_replicas,
-                      speculative_weight=speculative_weight, target_pending_requests=target_pending,
-                      target_queue_ms=target_queue_ms, shm_size=shm_size, cpu=cpu, memory=memory,
-                      image_digest=image_digest, gateway_namespace=gateway_namespace,
-                      monitoring_namespace=monitoring_namespace)
     res = write_k8s(recipe, out_dir, opts=opts, build_dir=build_dir, target=target, draft=draft, overwrite=force)
     if as_json:
         click.echo(json.dumps(res.manifest, indent=2, default=str))

@@ -10,25 +10,45 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from trtspec.hub import is_hub_id, resolve_model
 from trtspec.quantize import QualitySettings, make_quantization, quantize_model
-from trtspec.cli.common import err, handle_errors, out
+from trtspec.cli.common import OptionGroup, err, handle_errors, out, with_groups
+
+
+def _quantization(fmt, kv_cache, calib, calib_split, calib_column, calib_size, calib_seq_len, force):
+    return make_quantization(fmt, kv_cache, calib=calib, calib_size=calib_size, calib_seq_len=calib_seq_len,
+                             calib_split=calib_split, calib_column=calib_column, force=force)
+
+
+# --format, --kv-cache, --calib*, --force → the Quantization (format, KV cache, calibration set)
+QUANTIZATION = OptionGroup("quantization", _quantization)
+
+
+def _quality(eval_windows, eval_seq_len, num_prompts, max_new_tokens, max_draft_len, no_quality) -> QualitySettings | None:
+    if no_quality:
+        return None
+    return QualitySettings(eval_windows=eval_windows, eval_seq_len=eval_seq_len, prompts=num_prompts,
+                           max_new_tokens=max_new_tokens, max_draft_len=max_draft_len)
+
+
+# --eval-*, --prompts, --max-new-tokens, --max-draft-len, --no-quality → QualitySettings (None: no report)
+QUALITY = OptionGroup("quality", _quality)
 
 
 @click.command()
 @click.option("--model", "model_dir", required=True, type=click.Path(file_okay=False),
               help="Folder to quantize: a target or draft HF checkpoint, or an EAGLE-3 head (with --pair TARGET).")
-@click.option("--format", "fmt", required=True,
-              help="fp8 | int8_sq | int8_wo | int4_wo | int4_awq | w4a8_awq | nvfp4")
-@click.option("--kv-cache", default="none", show_default=True, help="KV-cache quantization: none | fp8 | int8.")
-@click.option("--calib", default="builtin", show_default=True,
-              help="Calibration source: builtin (stdlib sources, tiny models), cnn_dailymail, pileval, a Hugging Face "
-                   "dataset id org/name, a local dataset folder, or a .jsonl ({\"text\": ...}) / text file "
-                   "(docs/quantization.md).")
-@click.option("--calib-split", default=None, help="Dataset split [default: the named dataset's, else train].")
-@click.option("--calib-column", default=None, help="Text column [default: the named dataset's, else text].")
-@click.option("--calib-size", default=None, type=int,
-              help="Calibration sequences [default: 512, ModelOpt's; 64 for builtin].")
-@click.option("--calib-seq-len", default=None, type=int,
-              help="Tokens per calibration sequence [default: 512, ModelOpt's; 128 for builtin].")
+@QUANTIZATION.option("--format", "fmt", required=True,
+                     help="fp8 | int8_sq | int8_wo | int4_wo | int4_awq | w4a8_awq | nvfp4")
+@QUANTIZATION.option("--kv-cache", default="none", show_default=True, help="KV-cache quantization: none | fp8 | int8.")
+@QUANTIZATION.option("--calib", default="builtin", show_default=True,
+                     help="Calibration source: builtin (stdlib sources, tiny models), cnn_dailymail, pileval, a Hugging Face "
+                          "dataset id org/name, a local dataset folder, or a .jsonl ({\"text\": ...}) / text file "
+                          "(docs/quantization.md).")
+@QUANTIZATION.option("--calib-split", default=None, help="Dataset split [default: the named dataset's, else train].")
+@QUANTIZATION.option("--calib-column", default=None, help="Text column [default: the named dataset's, else text].")
+@QUANTIZATION.option("--calib-size", default=None, type=int,
+                     help="Calibration sequences [default: 512, ModelOpt's; 64 for builtin].")
+@QUANTIZATION.option("--calib-seq-len", default=None, type=int,
+                     help="Tokens per calibration sequence [default: 512, ModelOpt's; 128 for builtin].")
 @click.option("--export", "export", required=True, type=click.Choice(["hf", "trtllm", "torch"]),
               help="hf: unified HF checkpoint (TRT-LLM PyTorch flow, EAGLE path); trtllm: legacy TRT-LLM "
                    "checkpoint (trtllm-build); torch: ModelOpt state for the torch runtime (fake-quant).")
@@ -41,26 +61,24 @@ from trtspec.cli.common import err, handle_errors, out
               help="auto: the folder's manifest, else the larger of --model and --pair is the target.")
 @click.option("--gpu-arch", type=click.Choice(["any", "ampere", "ada", "hopper", "blackwell"]), default="any",
               show_default=True, help="Deployment GPU family (nvfp4 needs blackwell; fp8 needs ada or newer).")
-@click.option("--force", is_flag=True, help="Quantize even a combination known to fail upstream.")
+@QUANTIZATION.option("--force", is_flag=True, help="Quantize even a combination known to fail upstream.")
 @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto",
               show_default=True, help="Dtype the model is calibrated and exported in (auto: its config's).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="Where ModelOpt calibrates and the quality report runs (auto: cuda if available).")
 @click.option("--threads", type=int, default=None, help="torch CPU threads (default: torch's).")
-@click.option("--eval-windows", default=16, show_default=True, type=click.IntRange(1),
-              help="Held-out windows for top-1 / KL / perplexity.")
-@click.option("--eval-seq-len", default=128, show_default=True, type=click.IntRange(8))
-@click.option("--prompts", "num_prompts", default=8, show_default=True, type=click.IntRange(1),
-              help="Held-out prompts for the acceptance measurement (with --pair).")
-@click.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1))
-@click.option("--max-draft-len", default=4, show_default=True, type=click.IntRange(1, 32))
-@click.option("--no-quality", is_flag=True, help="Skip the quality report (no quality.json).")
+@QUALITY.option("--eval-windows", default=16, show_default=True, type=click.IntRange(1),
+                help="Held-out windows for top-1 / KL / perplexity.")
+@QUALITY.option("--eval-seq-len", default=128, show_default=True, type=click.IntRange(8))
+@QUALITY.option("--prompts", "num_prompts", default=8, show_default=True, type=click.IntRange(1),
+                help="Held-out prompts for the acceptance measurement (with --pair).")
+@QUALITY.option("--max-new-tokens", default=32, show_default=True, type=click.IntRange(1))
+@QUALITY.option("--max-draft-len", default=4, show_default=True, type=click.IntRange(1, 32))
+@QUALITY.option("--no-quality", is_flag=True, help="Skip the quality report (no quality.json).")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest and quality report as JSON.")
 @handle_errors
-def quantize(model_dir, fmt, kv_cache, calib, calib_split, calib_column, calib_size, calib_seq_len, export, out_dir,
-             pair, role, gpu_arch,
-             force, dtype, device, threads, eval_windows, eval_seq_len, num_prompts, max_new_tokens, max_draft_len,
-             no_quality, as_json):
+@with_groups(QUANTIZATION, QUALITY)
+def quantize(model_dir, quantization, export, out_dir, pair, role, gpu_arch, dtype, device, threads, quality, as_json):
     """Quantize a target, a draft or an EAGLE-3 head with NVIDIA ModelOpt and export it for one runtime.
 
     Writes OUT (atomically): the export, trtspec.json (format, source hash, ModelOpt version,
@@ -68,15 +86,8 @@ def quantize(model_dir, fmt, kv_cache, calib, calib_split, calib_column, calib_s
     against the unquantized model on held-out text, and with --pair the draft's acceptance rate
     against the target before and after quantizing (torch engine, greedy).
     """
-
-
-    q = make_quantization(fmt, kv_cache, calib=calib, calib_size=calib_size, calib_seq_len=calib_seq_len,
-                          calib_split=calib_split, calib_column=calib_column, force=force)
     if is_hub_id(model_dir):  # org/name: its snapshot folder in the Hugging Face cache (downloaded if allowed)
         model_dir = str(resolve_model(model_dir, field="--model"))
-    settings = None if no_quality else QualitySettings(
-        eval_windows=eval_windows, eval_seq_len=eval_seq_len, prompts=num_prompts, max_new_tokens=max_new_tokens,
-        max_draft_len=max_draft_len)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err, transient=True, disable=as_json) as prog:
         tasks: dict[str, int] = {}
@@ -86,8 +97,8 @@ def quantize(model_dir, fmt, kv_cache, calib, calib_split, calib_column, calib_s
                 tasks[phase] = prog.add_task(phase, total=total)
             prog.update(tasks[phase], completed=step, total=total)
 
-        res = quantize_model(model_dir, q, export, out_dir, role=role, pair=pair, gpu_arch=gpu_arch, dtype=dtype,
-                             device=device, quality=settings, threads=threads, progress=progress)
+        res = quantize_model(model_dir, quantization, export, out_dir, role=role, pair=pair, gpu_arch=gpu_arch, dtype=dtype,
+                             device=device, quality=quality, threads=threads, progress=progress)
     if as_json:
         click.echo(json.dumps({"manifest": res.manifest, "quality": res.quality}, indent=2, default=str))
         return

@@ -47,7 +47,8 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
             bars.update(info["label"], info["done"], info["total"])
             return
         if what == "start":
-            out.print(f"▶ {stage} …" + (f"  [dim]why: {escape(info['why'])}[/]" if explain and info.get("why") else ""))
+            out.print(f"▶ {stage} …" + (f"  [dim]does: {escape(info['does'])}[/]" if explain and info.get("does") else "")
+                      + (f"  [dim]why: {escape(info['why'])}[/]" if explain and info.get("why") else ""))
             return
         detail = ""
         if what in ("done", "skipped") and "seconds" in info:

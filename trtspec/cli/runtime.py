@@ -12,7 +12,7 @@ from trtspec.config import TORCH_METHODS, draft_option_problem, load_recipe
 from trtspec.prompts import load_prompts
 from trtspec.speculative.spec import RuntimeSpec
 from trtspec.speculative.runtime import build_engine
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.speculative.tune import tune as run_tune
 from trtspec.trtllm.bench import bench_plan, read_reports, run_bench
 from trtspec.cli.common import handle_errors, out
@@ -62,10 +62,11 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
         flag = "--" + problem[0].removeprefix("runtime.").replace("_", "-")
         raise click.UsageError(f"{flag}: {problem[2]}")
     return RuntimeSpec(
-        draft_weight_only=draft_weight_only, compile_draft=compile_draft,
         target=target, method=method, draft=draft or head, max_draft_len=max_draft_len,
-        max_matching_ngram_size=ngram_size, dtype=dtype, device=device, torch_threads=threads,
-        adaptive=adaptive, max_batch_size=max_batch_size, max_seq_len=max_seq_len,
+        max_matching_ngram_size=ngram_size,
+        runtime={"dtype": dtype, "device": device, "torch_threads": threads, "adaptive": {"enabled": adaptive},
+                 "draft_weight_only": draft_weight_only, "compile_draft": compile_draft},
+        limits={"max_batch_size": max_batch_size, "max_seq_len": max_seq_len},
     )
 
 
@@ -90,7 +91,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
 
     spec = _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
                          draft_weight_only, compile_draft)
-    params = SamplingParams(max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+    params = Sampling(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = build_engine(spec)
     tok = AutoTokenizer.from_pretrained(target)
     ids = tok(prompt, add_special_tokens=False)["input_ids"]
@@ -103,7 +104,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
         "verify_s": round(st.verify_s, 6), "tokens_per_s": round(st.tokens_per_s, 2),
         "target_passes": st.steps, "ttft_s": round(st.ttft_s, 6), "finish_reason": g.finish_reason,
         "method": spec.method, "max_draft_len": spec.max_draft_len if spec.method != "none" else 0,
-        "draft_weight_only": spec.draft_weight_only, "compile_draft": spec.compile_draft,
+        "draft_weight_only": spec.runtime.draft_weight_only, "compile_draft": spec.runtime.compile_draft,
     }
     if as_json:
         click.echo(json.dumps({"token_ids": g.token_ids, "text": text, "stats": stats}))

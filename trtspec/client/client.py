@@ -62,6 +62,10 @@ _TEXT_INPUTS = {
     "return_perf_metrics": ("return_perf_metrics",),
     "exclude_input_in_output": ("exclude_input_in_output",),
     "min_tokens": ("min_length", "min_tokens"),
+    "repetition_penalty": ("repetition_penalty",),
+    "presence_penalty": ("presence_penalty",),
+    "frequency_penalty": ("frequency_penalty",),
+    "logprobs": ("return_log_probs",),
 }
 _ID_INPUTS = {
     "max_tokens": ("request_output_len",),
@@ -75,6 +79,10 @@ _ID_INPUTS = {
     "return_perf_metrics": ("return_perf_metrics",),
     "exclude_input_in_output": ("exclude_input_in_output",),
     "min_tokens": ("min_length", "min_tokens"),
+    "repetition_penalty": ("repetition_penalty",),
+    "presence_penalty": ("presence_penalty",),
+    "frequency_penalty": ("frequency_penalty",),
+    "logprobs": ("return_log_probs",),
 }
 _ids = itertools.count()
 
@@ -383,20 +391,30 @@ class AsyncLLMClient:
             ids = [int(i) for i in prompt]
             prompt_tokens = len(ids)
             tensors = [info.tensor("input_ids", ids), info.tensor("input_lengths", [len(ids)])]
+        unsent = [f for f in ("ignore_eos", "bad_words", "stop_words") if getattr(sampling, f)]
+        if unsent:
+            raise ConfigError(unsent[0], getattr(sampling, unsent[0]), "is not sent by the gRPC client",
+                              fix="pass it as the model names it in extra_inputs (e.g. stop_words)")
+        # None / off is left unsent (the server's default); these only when asked for
+        asked = {"min_tokens": sampling.min_tokens > 0, "repetition_penalty": sampling.repetition_penalty != 1.0,
+                 "presence_penalty": sampling.presence_penalty != 0.0,
+                 "frequency_penalty": sampling.frequency_penalty != 0.0, "logprobs": sampling.logprobs}
         wanted = {
             "max_tokens": sampling.max_tokens, "stream": stream, "temperature": sampling.temperature,
             "top_k": sampling.top_k, "top_p": sampling.top_p, "seed": sampling.seed,
             "end_id": sampling.end_id, "pad_id": sampling.pad_id,
             "return_perf_metrics": sampling.return_perf_metrics, "exclude_input_in_output": True,
-            "min_tokens": sampling.min_tokens,
+            **{f: getattr(sampling, f) if on else None for f, on in asked.items()},
         }
         for field, value in wanted.items():
             if value is None:
                 continue
             name = next((n for n in names[field] if n in info.inputs), None)
             if name is None:
-                # the model does not take it: fine for defaults, an error for a real request
+                # the model does not take it: fine for defaults, an error for a real request (min_tokens
+                # only pins benchmark lengths: a model without it still answers)
                 essential = field == "max_tokens" or (field == "stream" and stream) or (
+                    field in asked and field != "min_tokens") or (
                     field in ("temperature", "top_k", "top_p", "seed") and sampling.temperature > 0)
                 if essential:
                     raise RequestRejected(

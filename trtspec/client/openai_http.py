@@ -216,6 +216,14 @@ class AsyncOpenAIClient:
             for k in ("top_p", "top_k", "seed"):  # top_k: vLLM's and trtspec's extension
                 if getattr(sampling, k) is not None:
                     body[k] = getattr(sampling, k)
+        for k in ("presence_penalty", "frequency_penalty"):
+            if getattr(sampling, k) != 0.0:
+                body[k] = getattr(sampling, k)
+        unsent = [f for f in ("repetition_penalty", "logprobs", "ignore_eos", "bad_words", "stop_words")
+                  if getattr(sampling, f) != Sampling.__dataclass_fields__[f].default]
+        if unsent:
+            raise ConfigError(unsent[0], getattr(sampling, unsent[0]), "is not sent by the OpenAI-compatible client",
+                              fix="pass it as the server names it in extra_inputs")
         if stream:
             body["stream_options"] = {"include_usage": True}
         if self._ask_ids:

@@ -1,57 +1,13 @@
-"""Typed request parameters and results of the gRPC client."""
+"""Typed request parameters and results of the gRPC client. What a request asks for is
+:class:`trtspec.sampling.Sampling`, the one sampling type the engine and the server use too."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-from trtspec.errors import ConfigError
+from dataclasses import dataclass, field
 
+from trtspec.sampling import Sampling
 
-@dataclass(frozen=True)
-class Sampling:
-    """What one request asks for; names as the ensemble's inputs (NVIDIA's tensorrtllm backend).
-
-    ``temperature == 0`` is greedy. ``None`` leaves an input unsent (the server's default).
-    """
-
-    max_tokens: int = 64
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int | None = None
-    end_id: int | None = None
-    pad_id: int | None = None
-    return_perf_metrics: bool = True
-    min_tokens: int | None = None  # sent as min_length where the model takes it (pins the output length)
-
-    def __post_init__(self):
-
-        if self.max_tokens < 1:
-            raise ConfigError("max_tokens", self.max_tokens, "must be >= 1")
-        if self.temperature < 0:
-            raise ConfigError("temperature", self.temperature, "must be >= 0 (0 = greedy)")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ConfigError("top_p", self.top_p, "must be in (0, 1]")
-        if self.top_k is not None and self.top_k < 0:
-            raise ConfigError("top_k", self.top_k, "must be >= 0 (0 = off)")
-        if self.seed is not None and self.seed < 0:
-            raise ConfigError("seed", self.seed, "must be >= 0")
-        if self.min_tokens is not None and not 1 <= self.min_tokens <= self.max_tokens:
-            raise ConfigError("min_tokens", self.min_tokens, f"must be in 1..max_tokens ({self.max_tokens})")
-
-    @classmethod
-    def from_recipe(cls, sampling, max_tokens: int, *, seed: int | None = None) -> "Sampling":
-        """From a recipe's ``validation.sampling`` (``trtspec.config.Sampling``)."""
-        greedy = sampling.temperature == 0
-        return cls(
-            max_tokens=max_tokens,
-            temperature=sampling.temperature,
-            top_k=None if greedy else sampling.top_k,
-            top_p=None if greedy else sampling.top_p,
-            seed=None if greedy else (sampling.seed if seed is None else seed),
-        )
-
-    def with_(self, **changes) -> "Sampling":
-        return Sampling(**{**asdict(self), **changes})
+__all__ = ["Chunk", "GenerationResult", "Sampling"]
 
 
 @dataclass

@@ -36,7 +36,7 @@ from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig
 from trtspec.speculative.model import read_hf_config
 from trtspec.speculative.eagle3 import Eagle3Proposer
 from trtspec.speculative.engine import Engine
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 
 STATE_FILE = "modelopt_state.pth"
 
@@ -183,7 +183,7 @@ def head_acceptance(target: CausalLM, base, quant, prompts: list[list[int]], s) 
     for name, head in (("before", base), ("after", quant)):
         prop = Eagle3Proposer(head, s.batch_size, max_seq_len + s.max_draft_len + 2)
         eng = Engine(target, prop, max_draft_len=s.max_draft_len, max_batch_size=s.batch_size, max_seq_len=max_seq_len)
-        gens = eng.generate(prompts, SamplingParams(max_new_tokens=s.max_new_tokens, ignore_eos=True))
+        gens = eng.generate(prompts, Sampling(max_tokens=s.max_new_tokens, ignore_eos=True))
         drafted, accepted = sum(g.stats.drafted for g in gens), sum(g.stats.accepted for g in gens)
         steps = sum(g.stats.steps for g in gens)
         out[name] = {"drafted": drafted, "accepted": accepted,

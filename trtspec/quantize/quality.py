@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import CausalLM
 from trtspec.speculative.proposers import DraftModelProposer
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 
 Progress = Callable[[str, int, int, dict], None]
 
@@ -96,7 +96,7 @@ def _engine(target: CausalLM, draft: CausalLM | None, s: QualitySettings, max_pr
 def greedy(target: CausalLM, draft: CausalLM | None, prompts: list[list[int]], s: QualitySettings) -> dict:
     """Greedy generation of every prompt (``ignore_eos``: fixed work); speculative if ``draft``."""
     eng = _engine(target, draft, s, max(len(p) for p in prompts))
-    gens = eng.generate(prompts, SamplingParams(max_new_tokens=s.max_new_tokens, ignore_eos=True))
+    gens = eng.generate(prompts, Sampling(max_tokens=s.max_new_tokens, ignore_eos=True))
     drafted = sum(g.stats.drafted for g in gens)
     accepted = sum(g.stats.accepted for g in gens)
     steps = sum(g.stats.steps for g in gens)

@@ -515,6 +515,6 @@ def eagle3_proposer(spec, target: CausalLM, dtype, device) -> Eagle3Proposer:
     if not spec.draft:
         raise ModelError("eagle3 needs an EAGLE-3 head folder", fix="set speculation.head.model (or --head DIR)")
     head = load_eagle3_head(spec.draft, target, dtype=dtype, device=device)
-    if spec.draft_weight_only == "int8":
+    if spec.runtime.draft_weight_only == "int8":
         head.quantize_weight_only_()
-    return Eagle3Proposer(head, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2)
+    return Eagle3Proposer(head, spec.limits.max_batch_size, spec.limits.max_seq_len + spec.max_draft_len + 2)

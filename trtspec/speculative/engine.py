@@ -31,7 +31,8 @@ from trtspec.errors import TrtspecError, one_line
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
 from trtspec.speculative.proposers import Proposer
-from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
+from trtspec.sampling import Sampling
+from trtspec.speculative.sampling import logits_to_probs, sample
 from trtspec.speculative.stats import AdaptiveDraftLength, RequestStats
 from trtspec.speculative.verify import verify_greedy, verify_sampled
 
@@ -45,7 +46,7 @@ class RequestError(TrtspecError):
 @dataclass
 class Request:
     prompt: list[int]
-    params: SamplingParams
+    params: Sampling
     id: int = 0
     submitted: float = field(default_factory=time.perf_counter)
 
@@ -134,7 +135,7 @@ class Engine:
     def active(self) -> int:
         return self.max_batch_size - self.free_slots
 
-    def validate(self, prompt: list[int], params: SamplingParams) -> None:
+    def validate(self, prompt: list[int], params: Sampling) -> None:
         vocab = self.target.args.vocab_size
         if not prompt:
             raise RequestError("prompt is empty", fix="send at least one token")
@@ -149,7 +150,7 @@ class Engine:
 
     @torch.inference_mode()
     def add(
-        self, prompt: list[int], params: SamplingParams, request: Request | None = None,
+        self, prompt: list[int], params: Sampling, request: Request | None = None,
         draft_tokens: list[int] | None = None,
     ) -> Event:
         """Prefill ``prompt`` in a free slot; returns the event carrying the first token.
@@ -172,7 +173,7 @@ class Engine:
         ids = torch.tensor([prompt], device=self.device)
         out = self.target(ids, self.cache, Step([slot], [0], len(prompt)), logits="last", hidden_layers=layers)
         logits, hidden = (out[0], out[1]) if layers else (out, None)
-        eos = set(params.stop_token_ids)
+        eos = {params.end_id} if params.end_id is not None else set()
         if self.eos_token_id is not None and not params.ignore_eos:
             eos.add(self.eos_token_id)
         last = process_window(logits[0, -1:], params, list(prompt), len(prompt), [], eos)[0]  # [V]
@@ -204,14 +205,14 @@ class Engine:
 
     # ------------------------------------------------------------------ the step
 
-    def _pick(self, logits: torch.Tensor, params: SamplingParams, gen) -> int:
+    def _pick(self, logits: torch.Tensor, params: Sampling, gen) -> int:
         if params.greedy:
             return int(logits.argmax())
         return int(sample(logits_to_probs(logits, params), gen))
 
     def _draft_len(self, s: _Slot) -> int:
         room = min(
-            s.req.params.max_new_tokens - s.stats.generated,  # tokens still allowed
+            s.req.params.max_tokens - s.stats.generated,  # tokens still allowed
             self.max_seq_len - len(s.seq),
         )
         k = s.adaptive.k if s.adaptive else self.max_draft_len
@@ -361,7 +362,7 @@ class Engine:
 
     def _commit(self, row: int, tokens: list[int], now: float, logprobs: list[float] | None = None) -> Event:
         """Append ``tokens`` to the committed sequence; emit them up to EOS, a stop word (kept in
-        the output, as TRT-LLM does) or max_new_tokens."""
+        the output, as TRT-LLM does) or max_tokens."""
         s = self.slots[row]
         stop_words = s.req.params.stop_words
         emit: list[int] = []
@@ -374,7 +375,7 @@ class Engine:
             if stop_words and ends_with_stop_word(s.seq + emit, stop_words):
                 reason = "stop"
                 break
-            if s.stats.generated + len(emit) >= s.req.params.max_new_tokens:
+            if s.stats.generated + len(emit) >= s.req.params.max_tokens:
                 reason = "length"
                 break
         s.seq.extend(tokens)
@@ -404,7 +405,7 @@ class Engine:
     # ------------------------------------------------------------------ offline API
 
     def generate(
-        self, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+        self, prompts: list[list[int]], params: Sampling | list[Sampling]
     ) -> list[Generation]:
         """Run every prompt to completion, ``max_batch_size`` at a time (continuous batching)."""
         plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -512,7 +513,7 @@ class BackgroundEngine:
             self._started.wait(timeout=120)  # the thread count is picked before the first request
 
     def submit(
-        self, prompt: list[int], params: SamplingParams, callback: Callback, draft_tokens: list[int] | None = None
+        self, prompt: list[int], params: Sampling, callback: Callback, draft_tokens: list[int] | None = None
     ) -> Request:
         self.engine.validate(prompt, params)
         req = Request(list(prompt), params, id=next(self._ids))

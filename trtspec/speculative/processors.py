@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 
 
 def process_window(
     logits: torch.Tensor,  # [T, V] target logits at T consecutive positions
-    params: SamplingParams,
+    params: Sampling,
     seq: list[int],  # committed tokens (prompt + generated) before position 0
     prompt_len: int,
     drafts: list[int],  # the tokens at positions 1..T-1 (len >= T - 1)
@@ -71,7 +71,7 @@ def process_window(
     return out
 
 
-def log_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+def log_probs(logits: torch.Tensor, params: Sampling) -> torch.Tensor:
     """Log-probabilities ``[..., V]`` of the distribution a token is picked from: the processed
     logits, over the temperature when sampling (before top-k / top-p truncation)."""
     x = logits.float()

@@ -15,7 +15,8 @@ import torch
 
 from trtspec.errors import ModelError, one_line
 from trtspec.speculative.model import CausalLM, Step
-from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
+from trtspec.sampling import Sampling
+from trtspec.speculative.sampling import logits_to_probs, sample
 
 
 @dataclass
@@ -35,7 +36,7 @@ class Proposer(Protocol):
 
     def propose(
         self, slots: list[int], seqs: list[list[int]], ks: list[int],
-        params: list[SamplingParams], generators: list[torch.Generator | None],
+        params: list[Sampling], generators: list[torch.Generator | None],
     ) -> Proposal:
         """Draft up to ``ks[b]`` tokens after ``seqs[b]`` for each row."""
 

@@ -57,9 +57,9 @@ def draft_model_proposer(spec: RuntimeSpec, target: CausalLM, dtype, device) -> 
     if not spec.draft:
         raise ModelError("draft_target needs a draft model folder", fix="set speculation.draft.model")
     # draft tokens are compared as ids, so a padded embedding (vocab_size differs, ids agree) is fine
-    draft = load_model(spec.draft, dtype, device, spec.draft_weight_only, spec.quantized_kernels)
-    return DraftModelProposer(draft, spec.max_batch_size, spec.max_seq_len + spec.max_draft_len + 2,
-                              compile=spec.compile_draft)
+    draft = load_model(spec.draft, dtype, device, spec.runtime.draft_weight_only, spec.runtime.quantized_kernels)
+    return DraftModelProposer(draft, spec.limits.max_batch_size, spec.limits.max_seq_len + spec.max_draft_len + 2,
+                              compile=spec.runtime.compile_draft)
 
 
 def ngram_proposer(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Proposer:
@@ -67,13 +67,13 @@ def ngram_proposer(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Propos
 
 
 def build_engine(spec: RuntimeSpec) -> Engine:
-    if spec.torch_threads:
-        torch.set_num_threads(spec.torch_threads)
-    dtype = DTYPES[spec.dtype]
-    device = resolve_device(spec.device)
+    if spec.runtime.torch_threads:
+        torch.set_num_threads(spec.runtime.torch_threads)
+    dtype = DTYPES[spec.runtime.dtype]
+    device = resolve_device(spec.runtime.device)
     if not os.path.isdir(spec.target):
         raise ModelError(f"target model folder not found: {spec.target}", fix="check the path")
-    target = load_model(spec.target, dtype, device, quantized_kernels=spec.quantized_kernels)
+    target = load_model(spec.target, dtype, device, quantized_kernels=spec.runtime.quantized_kernels)
     proposer = None
     if spec.method != "none":
         module, func = SPEC_METHODS[spec.method].proposer.split(":")  # the method's proposer factory
@@ -91,12 +91,12 @@ def build_engine(spec: RuntimeSpec) -> Engine:
         target,
         proposer,
         max_draft_len=spec.max_draft_len,
-        max_batch_size=spec.max_batch_size,
-        max_seq_len=spec.max_seq_len,
+        max_batch_size=spec.limits.max_batch_size,
+        max_seq_len=spec.limits.max_seq_len,
         eos_token_id=eos,
-        adaptive=spec.adaptive,
-        adaptive_window=spec.adaptive_window,
-        min_acceptance_rate=spec.min_acceptance_rate,
+        adaptive=spec.runtime.adaptive.enabled,
+        adaptive_window=spec.runtime.adaptive.window,
+        min_acceptance_rate=spec.runtime.adaptive.min_acceptance_rate,
         **verifiers,
     )
 

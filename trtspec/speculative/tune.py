@@ -21,7 +21,7 @@ import torch
 
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.model import Step
-from trtspec.speculative.sampling import SamplingParams
+from trtspec.sampling import Sampling
 from trtspec.acceptance import TuneRow, break_even_acceptance, expected_speedup, expected_tokens
 from trtspec.speculative.stats import Aggregate
 
@@ -89,7 +89,7 @@ def tune(
     k_max = k_max or engine.max_draft_len
     engine.max_draft_len = k_max
     engine.adaptive = False
-    outs = engine.generate(prompts, SamplingParams(max_new_tokens=max_new_tokens))
+    outs = engine.generate(prompts, Sampling(max_tokens=max_new_tokens))
     agg = Aggregate()
     for o in outs:
         agg.add(o.stats)

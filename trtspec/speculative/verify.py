@@ -21,7 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
-from trtspec.speculative.sampling import SamplingParams, logits_to_probs, sample
+from trtspec.sampling import Sampling
+from trtspec.speculative.sampling import logits_to_probs, sample
 
 
 @dataclass
@@ -52,7 +53,7 @@ def verify_sampled(
     draft_tokens: torch.Tensor,  # [k]
     draft_probs: torch.Tensor | None,  # [k, V], None = point-mass proposal (n-gram)
     target_logits: torch.Tensor,  # [k+1, V]
-    params: SamplingParams,
+    params: Sampling,
     generator: torch.Generator | None,
 ) -> Verdict:
     """Speculative sampling for one row (see the module docstring for the rule)."""

@@ -122,8 +122,10 @@ _NOTES = {
     "seed": "also accepted as random_seed", "return_log_probs": "cum_log_probs, output_log_probs: the target's",
     "return_perf_metrics": "", "streaming": "", "draft_input_ids": "verified by the target in the first step",
     "stop": "stops the request with this request id (also what the ensemble's cancellation uses)",
-    "num_draft_tokens": "draft tokens per round (default: the recipe's max_draft_len)",
-    "use_draft_logits": "false accepted; true is rejected (drafts are verified as tokens)",
+    "num_draft_tokens": "tensorrt_llm_bls: > 0 runs NVIDIA's draft-target rounds over tensorrt_llm_draft and the "
+                        "plain target (at most the recipe's max_draft_len; one response, stream=true refused as "
+                        "NVIDIA's); 0 or absent relays to ensemble_baseline",
+    "use_draft_logits": "false accepted; true is rejected (drafts are verified as tokens, exactly)",
 }
 _OUTPUT_NOTES = {
     "text_output": "", "OUTPUT": "", "output_ids": "", "sequence_length": "",
@@ -143,17 +145,8 @@ _OUTPUT_NOTES = {
 }
 
 
-# Only NVIDIA's text-level BLS declares these; trtspec's tensorrt_llm_bls still speaks the token
-# tensors of tensorrt_llm (draft-target rounds behind the router), not NVIDIA's BLS contract.
-BLS_ONLY = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input", "num_draft_tokens",
-            "use_draft_logits")
-
-
 def input_status(name: str) -> Status:
     """What trtspec does with NVIDIA input ``name`` (any model's spelling)."""
-    if name in BLS_ONLY:
-        return Status("not declared", "NVIDIA's text-level tensorrt_llm_bls only; trtspec's tensorrt_llm_bls takes "
-                                      "tensorrt_llm's token tensors (draft length: its num_draft_tokens parameter)")
     if name in REJECTED_TEXT:
         return Status("rejected", REJECTED_TEXT[name][1])
     engine = _TEXT_TO_ENGINE.get(name, name)

@@ -20,7 +20,12 @@ Layout (names as in NVIDIA's tensorrtllm backend, so its clients work unchanged)
     tensorrt_llm        the speculative model; tensorrt_llm_baseline the plain one
                         (torch: our engine in a python model; trtllm-engine: the tensorrtllm
                         C++ backend; trtllm-pytorch: the LLM API with model.yaml)
-    tensorrt_llm_draft, tensorrt_llm_bls   draft-target in the TRT-LLM engine flow
+    tensorrt_llm_draft  draft-target recipes: the draft decoding by itself (NVIDIA's name), what
+                        external-draft clients (NVIDIA's e2e_grpc_speculative_decoding_client.py)
+                        and tensorrt_llm_bls ask for draft tokens
+    tensorrt_llm_bls    draft-target recipes: NVIDIA's text-level BLS (num_draft_tokens rounds over
+                        tensorrt_llm_draft and the plain target)
+    trtspec_draft_target  TRT-LLM engine flow: the token-level draft-target rounds the router calls
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import os
 import pathlib
 import re
 import shutil
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -379,10 +384,18 @@ def _plan_torch(inp: ServingInputs):
     plain = spec.baseline()
     if not inp.speculative:
         return None, "tensorrt_llm", [torch_engine_plan("tensorrt_llm", inp, plain, "baseline")]
-    return "tensorrt_llm", "tensorrt_llm_baseline", [
+    engines = [
         torch_engine_plan("tensorrt_llm", inp, spec, "speculative"),
         torch_engine_plan("tensorrt_llm_baseline", inp, plain, "baseline"),
     ]
+    if spec.method == "draft_target":
+        # NVIDIA's external-draft layout beside our own speculation: the draft alone, and the text
+        # BLS that drafts with it and verifies on the plain target
+        engines += [
+            torch_engine_plan("tensorrt_llm_draft", inp, spec.draft_alone(), "draft"),
+            text_bls_plan(inp, "tensorrt_llm_baseline", "tensorrt_llm_draft", "ensemble_baseline", spec.max_draft_len),
+        ]
+    return "tensorrt_llm", "tensorrt_llm_baseline", engines
 
 
 def _tensorrtllm(name: str, inp: ServingInputs, role: str) -> ModelPlan:
@@ -402,15 +415,29 @@ def _tensorrtllm(name: str, inp: ServingInputs, role: str) -> ModelPlan:
     }, role=f"{role} engine (tensorrtllm backend)")
 
 
-def bls_plan(inp: ServingInputs, target: str, draft: str, num_draft_tokens: int) -> ModelPlan:
-    """``tensorrt_llm_bls``: draft-target rounds over the generation models ``draft`` and ``target``."""
-    return ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls", {
+def rounds_plan(inp: ServingInputs, target: str, draft: str, num_draft_tokens: int) -> ModelPlan:
+    """``trtspec_draft_target``: token-level draft-target rounds over the generation models
+    ``draft`` and ``target`` (the engine flow's speculative model, behind the router)."""
+    return ModelPlan("trtspec_draft_target", "trtspec_draft_target", {
         "max_batch_size": inp.max_batch_size,
         "tensorrt_llm_model_name": target,
         "tensorrt_llm_draft_model_name": draft,
         "num_draft_tokens": num_draft_tokens,
         "decoupled": inp.decoupled,
     }, role=f"draft-target rounds (BLS over {draft} + {target})")
+
+
+def text_bls_plan(inp: ServingInputs, target: str, draft: str, plain_model: str, max_draft_len: int) -> ModelPlan:
+    """``tensorrt_llm_bls``: NVIDIA's text-level BLS; ``num_draft_tokens`` rounds over ``draft`` and
+    ``target``, other requests relayed to the text ensemble ``plain_model`` (over ``target``)."""
+    return ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls", {
+        "max_batch_size": inp.max_batch_size,
+        "tensorrt_llm_model_name": target,
+        "tensorrt_llm_draft_model_name": draft,
+        "plain_model": plain_model,
+        "max_draft_len": max_draft_len,
+        "decoupled": inp.decoupled,
+    }, role=f"NVIDIA's text BLS (num_draft_tokens rounds over {draft} + {target})")
 
 
 def _plan_trtllm_engine(inp: ServingInputs):
@@ -423,9 +450,11 @@ def _plan_trtllm_engine(inp: ServingInputs):
         if inp.method == "none":
             return None, "tensorrt_llm", [target]
         draft = _tensorrtllm("tensorrt_llm_draft", inp, "draft")
-        bls = bls_plan(inp, "tensorrt_llm", "tensorrt_llm_draft", b.max_draft_len or inp.max_draft_len)
+        k = b.max_draft_len or inp.max_draft_len
+        rounds = rounds_plan(inp, "tensorrt_llm", "tensorrt_llm_draft", k)
+        bls = text_bls_plan(inp, "tensorrt_llm", "tensorrt_llm_draft", "ensemble_baseline", k)
         # without draft tokens the target engine decodes plainly: it is the baseline
-        return "tensorrt_llm_bls", "tensorrt_llm", [target, draft, bls]
+        return "trtspec_draft_target", "tensorrt_llm", [target, draft, rounds, bls]
     if inp.method not in ("eagle", "medusa", "lookahead"):
         raise RenderError(
             f"speculation.method '{inp.method}' has no TRT-LLM engine-flow serving layout here",
@@ -563,7 +592,7 @@ def _manifest_fields(inp: ServingInputs, plans: list[ModelPlan]) -> dict[str, An
         "routing": {"speculative_fraction": router.values["speculative_fraction"],
                     "min_acceptance_rate": inp.min_acceptance_rate,
                     "acceptance_window": inp.acceptance_window, "probe_every": inp.probe_every},
-        "runtime_spec": asdict(inp.runtime_spec) if inp.runtime_spec is not None else None,
+        "runtime_spec": inp.runtime_spec.to_dict() if inp.runtime_spec is not None else None,
         "trtllm_build": inp.trtllm.to_dict() if inp.trtllm is not None else None,
         "recipe": inp.recipe,
     }

@@ -63,7 +63,7 @@ def parse_or_reject(pb, request, sender, model_name: str):
     """The request's generation inputs, or ``None`` after answering it with an INVALID_ARG error
     that names the input (the model keeps serving)."""
     try:
-        return parse_generation(lambda name: input_array(pb, request, name), check_sampling=False)
+        return parse_generation(lambda name: input_array(pb, request, name))
     except TrtspecError as e:
         send_error(pb, sender, f"{model_name}: {e}")
         return None

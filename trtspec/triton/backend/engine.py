@@ -4,6 +4,9 @@ backend's tensors.
 ``initialize`` starts the engine from the RuntimeSpec JSON beside the model: by default in a
 worker process of its own (:class:`~trtspec.triton.backend.worker.WorkerEngine`, serving.engine_process
 worker), else as a :class:`BackgroundEngine` thread of this stub (thread); both batch continuously.
+Only thread mode imports torch here (lazily): a worker-mode stub parses requests with the
+torch-free :class:`~trtspec.sampling.Sampling` and loads neither torch nor weights
+(tests/unit/test_layers.py checks it).
 ``execute`` only parses and submits; responses are sent as the engine's events arrive, one per
 engine step when streaming, else one with every token. Every response carries the cumulative acceptance counters; the final one also
 ``perf_json`` (RequestStats.to_dict()). A client that went away cancels its request at the next
@@ -33,8 +36,7 @@ from trtspec.triton.backend.common import (
 )
 from trtspec.triton.backend.cancel import STOP_INPUT
 from trtspec.triton.backend.requests import PERF_OUTPUTS, GenerationRequest, RequestInputError, parse_generation
-from trtspec.speculative.engine import BackgroundEngine
-from trtspec.speculative.runtime import RuntimeSpec, build_engine
+from trtspec.speculative.spec import RuntimeSpec
 from trtspec.triton.access import secret_from_env, verify_stop_id
 from trtspec.triton.backend.guard import check_draft_ids, check_sizes, is_fatal_device_error
 from trtspec.triton.backend.coalesce import coalesced
@@ -280,6 +282,9 @@ class EngineModel:
             vocab_size, max_seq_len = self.background.info["vocab_size"], self.background.info["max_seq_len"]
             device = f"{self.background.info['device']}, worker process {self.background.pid}"
         else:
+            from trtspec.speculative.engine import BackgroundEngine  # lazy: torch, in thread mode only (a worker-mode stub loads none)
+            from trtspec.speculative.runtime import build_engine  # lazy: as above
+
             self.engine = build_engine(spec)
             self.background = BackgroundEngine(self.engine, max_queue=max_queue)
             vocab_size, max_seq_len, device = self.engine.target.args.vocab_size, self.engine.max_seq_len, self.engine.device
@@ -297,7 +302,7 @@ class EngineModel:
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
         self.pb.Logger.log_info(
             f"{self.name}: torch runtime ready (method {spec.method}, target {spec.target}, "
-            f"max_batch_size {spec.max_batch_size}, device {device}"
+            f"max_batch_size {spec.limits.max_batch_size}, device {device}"
             + (f", engine loop: {self.background.threads['threads']} torch thread(s) of "
                f"{self.background.threads['configured']}, the faster here" if self.background.threads else "")
             + ")")
@@ -348,7 +353,7 @@ class EngineModel:
                     kwargs["draft_tokens"] = req.draft_input_ids[1:]  # the first is checked by _Stream
             n = req.num_return_sequences
             # n sequences: one engine request each; a seeded request gets seeds seed, seed+1, …
-            params = [req.sampling_params(None if req.seed is None else req.seed + i) for i in range(n)]
+            params = [req.sequence_sampling(i) for i in range(n)]
             group = _Group(n)
             streams = [_Stream(self, sender, req, request.request_id(), i, group) for i in range(n)]
             if self.engine_process == "worker":  # the worker coalesces before its frames cross

@@ -61,8 +61,9 @@ class LlmApiModel:
             if req is None:
                 continue
             # not mapped onto the LLM API's SamplingParams here (untested without TRT-LLM): refused clearly
-            unmapped = [n for n, on in (("stop_words_list", bool(req.stop_words)), ("bad_words_list", bool(req.bad_words)),
-                                        ("return_log_probs", req.return_log_probs),
+            unmapped = [n for n, on in (("stop_words_list", bool(req.sampling.stop_words)),
+                                        ("bad_words_list", bool(req.sampling.bad_words)),
+                                        ("return_log_probs", req.sampling.logprobs),
                                         ("num_return_sequences", req.num_return_sequences > 1)) if on]
             if unmapped:
                 send_error(self.pb, sender, f"{self.name}: input '{unmapped[0]}' is not supported by the LLM-API "
@@ -78,10 +79,11 @@ class LlmApiModel:
 
         pb = self.pb
         try:
-            sp = SamplingParams(max_tokens=req.max_tokens, temperature=req.temperature, top_k=req.top_k or None,
-                                top_p=req.top_p, seed=req.seed, end_id=req.end_id, return_perf_metrics=True,
-                                repetition_penalty=req.repetition_penalty, presence_penalty=req.presence_penalty,
-                                frequency_penalty=req.frequency_penalty, min_tokens=req.min_tokens)
+            s = req.sampling
+            sp = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_k=s.top_k or None,
+                                top_p=s.top_p, seed=s.seed, end_id=s.end_id, return_perf_metrics=True,
+                                repetition_penalty=s.repetition_penalty, presence_penalty=s.presence_penalty,
+                                frequency_penalty=s.frequency_penalty, min_tokens=s.min_tokens)
             t0 = time.perf_counter()
             result = self.llm.generate_async(req.input_ids, sampling_params=sp, streaming=req.streaming)
             sent = 0

@@ -8,12 +8,13 @@ naming the tensor, the value and the fix; the models answer it as an INVALID_ARG
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
 from trtspec.errors import TrtspecError
+from trtspec.sampling import Sampling, SamplingError
 from trtspec.triton.contract import DEFAULT_ONLY, REJECTED
 
 # NVIDIA's per-request outputs beside output_ids/sequence_length (tensorrtllm backend, return_* inputs).
@@ -35,48 +36,20 @@ class RequestInputError(TrtspecError):
 
 @dataclass(frozen=True)
 class GenerationRequest:
+    """One request of the tensorrtllm backend's contract: the prompt, what to sample
+    (:class:`~trtspec.sampling.Sampling`, validated) and how to answer."""
+
     input_ids: list[int]
-    max_tokens: int  # request_output_len
+    sampling: Sampling
     streaming: bool = False
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    end_id: int | None = None
-    pad_id: int | None = None
-    return_perf_metrics: bool = False
     exclude_input_in_output: bool = True
     draft_input_ids: list[int] | None = None
-    repetition_penalty: float = 1.0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    min_tokens: int = 0
-    stop_words: tuple[tuple[int, ...], ...] = ()
-    bad_words: tuple[tuple[int, ...], ...] = ()
-    return_log_probs: bool = False
     num_return_sequences: int = 1
 
-    def sampling_params(self, seed: int | None = None):
-        """The engine's :class:`SamplingParams` (raises SamplingError on invalid values); ``seed``
-        overrides the request's (one per returned sequence)."""
-        from trtspec.speculative.sampling import SamplingParams  # lazy: trtspec.speculative.sampling needs torch; this module stays importable without it
-
-        stop = (self.end_id,) if self.end_id is not None else ()
-        return SamplingParams(max_new_tokens=self.max_tokens, temperature=self.temperature, top_k=self.top_k,
-                              top_p=self.top_p, seed=self.seed if seed is None else seed, stop_token_ids=stop,
-                              repetition_penalty=self.repetition_penalty, presence_penalty=self.presence_penalty,
-                              frequency_penalty=self.frequency_penalty, min_tokens=self.min_tokens,
-                              bad_words=self.bad_words, stop_words=self.stop_words, logprobs=self.return_log_probs)
-
-    def validate_sampling(self) -> None:
-        """Check the sampling values the way the engine will, as a request error."""
-        from trtspec.speculative.sampling import SamplingError  # lazy: trtspec.speculative.sampling needs torch; this module stays importable without it
-
-        try:
-            self.sampling_params()
-        except SamplingError as e:
-            raise RequestInputError(e.message, fix="temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
-                                    "repetition_penalty > 0, min_tokens >= 0") from None
+    def sequence_sampling(self, i: int) -> Sampling:
+        """The sampling of returned sequence ``i``: a seeded request gets seeds seed, seed+1, …"""
+        s = self.sampling
+        return s if i == 0 or s.seed is None else replace(s, seed=s.seed + i)
 
 
 Get = Callable[[str], "np.ndarray | None"]
@@ -157,13 +130,13 @@ def json_value(v) -> str:
     return "true" if v is True else "false" if v is False else str(v)
 
 
-def parse_generation(get: Get, *, check_sampling: bool = True, exclude_input_default: bool = True) -> GenerationRequest:
+def parse_generation(get: Get, *, exclude_input_default: bool = True) -> GenerationRequest:
     """Read the tensorrtllm backend's inputs (``get(name)`` → array or None when absent).
 
-    ``check_sampling=False`` leaves the sampling values to the generation model (the router does:
-    it stays free of torch, which the engine's SamplingParams imports). ``exclude_input_default``:
-    whether output_ids leave out the prompt when the request does not say (NVIDIA's model
-    parameter ``exclude_input_in_output``)."""
+    The wire's meanings are resolved here (TRT-LLM's greedy rule, top_p 0 = off, an absent
+    temperature = 1) before the values become a :class:`Sampling`, which checks their bounds.
+    ``exclude_input_default``: whether output_ids leave out the prompt when the request does not
+    say (NVIDIA's model parameter ``exclude_input_in_output``)."""
     check_unsupported(get)
     ids = _ids(get, "input_ids", required=True)
     n = _one(get, "input_lengths")
@@ -211,61 +184,66 @@ def parse_generation(get: Get, *, check_sampling: bool = True, exclude_input_def
     exclude = _one(get, "exclude_input_in_output")
     end_id, pad_id = _one(get, "end_id"), _one(get, "pad_id")
     drafts = _ids(get, "draft_input_ids")
-    req = GenerationRequest(
+    try:
+        sampling = Sampling(
+            max_tokens=int(max_tokens),
+            temperature=0.0 if greedy else float(temperature),
+            top_k=0 if greedy or top_k is None else int(top_k),
+            top_p=1.0 if greedy or not top_p else float(top_p),
+            seed=None if not seeds else int(seeds[0][1]),
+            end_id=None if end_id is None or end_id < 0 else int(end_id),
+            pad_id=None if pad_id is None or pad_id < 0 else int(pad_id),
+            return_perf_metrics=bool(_one(get, "return_perf_metrics") or False),
+            repetition_penalty=1.0 if floats["repetition_penalty"] is None else float(floats["repetition_penalty"]),
+            presence_penalty=float(floats["presence_penalty"] or 0.0),
+            frequency_penalty=float(floats["frequency_penalty"] or 0.0),
+            min_tokens=int(min_tokens or 0),
+            stop_words=words_list(get, "stop_words_list"),
+            bad_words=words_list(get, "bad_words_list"),
+            logprobs=bool(_one(get, "return_log_probs") or False),
+        )
+    except SamplingError as e:
+        raise RequestInputError(e.message, fix="temperature >= 0, top_k >= 0, 0 <= top_p <= 1, "
+                                "repetition_penalty > 0, min_tokens >= 0") from None
+    return GenerationRequest(
         input_ids=ids,
-        max_tokens=int(max_tokens),
+        sampling=sampling,
         streaming=bool(_one(get, "streaming") or False),
-        temperature=0.0 if greedy else float(temperature),
-        top_k=0 if greedy or top_k is None else int(top_k),
-        top_p=1.0 if greedy or not top_p else float(top_p),
-        seed=None if not seeds else int(seeds[0][1]),
-        end_id=None if end_id is None or end_id < 0 else int(end_id),
-        pad_id=None if pad_id is None or pad_id < 0 else int(pad_id),
-        return_perf_metrics=bool(_one(get, "return_perf_metrics") or False),
         exclude_input_in_output=exclude_input_default if exclude is None else bool(exclude),
         draft_input_ids=drafts or None,
-        repetition_penalty=1.0 if floats["repetition_penalty"] is None else float(floats["repetition_penalty"]),
-        presence_penalty=float(floats["presence_penalty"] or 0.0),
-        frequency_penalty=float(floats["frequency_penalty"] or 0.0),
-        min_tokens=int(min_tokens or 0),
-        stop_words=words_list(get, "stop_words_list"),
-        bad_words=words_list(get, "bad_words_list"),
-        return_log_probs=bool(_one(get, "return_log_probs") or False),
         num_return_sequences=int(n_seq or 1),
     )
-    if check_sampling:
-        req.validate_sampling()
-    return req
 
 
 def engine_inputs(req: GenerationRequest, *, with_drafts: bool = True) -> dict[str, np.ndarray]:
     """The normalised tensors to send a generation model for ``req`` (batch of one)."""
+    s = req.sampling
     t = {
         "input_ids": np.array([req.input_ids], dtype=np.int32),
         "input_lengths": np.array([[len(req.input_ids)]], dtype=np.int32),
-        "request_output_len": np.array([[req.max_tokens]], dtype=np.int32),
+        "request_output_len": np.array([[s.max_tokens]], dtype=np.int32),
         "streaming": np.array([[req.streaming]], dtype=bool),
-        "temperature": np.array([[req.temperature]], dtype=np.float32),
-        "runtime_top_k": np.array([[req.top_k]], dtype=np.int32),
-        "runtime_top_p": np.array([[req.top_p]], dtype=np.float32),
+        "temperature": np.array([[s.temperature]], dtype=np.float32),
+        "runtime_top_k": np.array([[s.top_k]], dtype=np.int32),
+        "runtime_top_p": np.array([[s.top_p]], dtype=np.float32),
         "return_perf_metrics": np.array([[True]], dtype=bool),
         "exclude_input_in_output": np.array([[True]], dtype=bool),
-        "repetition_penalty": np.array([[req.repetition_penalty]], dtype=np.float32),
-        "presence_penalty": np.array([[req.presence_penalty]], dtype=np.float32),
-        "frequency_penalty": np.array([[req.frequency_penalty]], dtype=np.float32),
-        "min_tokens": np.array([[req.min_tokens]], dtype=np.int32),
-        "return_log_probs": np.array([[req.return_log_probs]], dtype=bool),
+        "repetition_penalty": np.array([[s.repetition_penalty]], dtype=np.float32),
+        "presence_penalty": np.array([[s.presence_penalty]], dtype=np.float32),
+        "frequency_penalty": np.array([[s.frequency_penalty]], dtype=np.float32),
+        "min_tokens": np.array([[s.min_tokens]], dtype=np.int32),
+        "return_log_probs": np.array([[s.logprobs]], dtype=bool),
         "num_return_sequences": np.array([[req.num_return_sequences]], dtype=np.int32),
     }
-    for name, words in (("stop_words_list", req.stop_words), ("bad_words_list", req.bad_words)):
+    for name, words in (("stop_words_list", s.stop_words), ("bad_words_list", s.bad_words)):
         if words:
             t[name] = words_tensor(words)
-    if req.seed is not None:
-        t["seed"] = np.array([[req.seed]], dtype=np.uint64)
-    if req.end_id is not None:
-        t["end_id"] = np.array([[req.end_id]], dtype=np.int32)
-    if req.pad_id is not None:
-        t["pad_id"] = np.array([[req.pad_id]], dtype=np.int32)
+    if s.seed is not None:
+        t["seed"] = np.array([[s.seed]], dtype=np.uint64)
+    if s.end_id is not None:
+        t["end_id"] = np.array([[s.end_id]], dtype=np.int32)
+    if s.pad_id is not None:
+        t["pad_id"] = np.array([[s.pad_id]], dtype=np.int32)
     if with_drafts and req.draft_input_ids:
         t["draft_input_ids"] = np.array([req.draft_input_ids], dtype=np.int32)
     return t

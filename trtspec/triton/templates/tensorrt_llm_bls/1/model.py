@@ -1,9 +1,9 @@
-"""tensorrt_llm_bls: draft-target rounds over two models. The logic lives in trtspec.triton.backend.bls."""
+"""tensorrt_llm_bls: NVIDIA's text-level BLS contract. The logic lives in trtspec.triton.backend.nvidia_bls."""
 
 import triton_python_backend_utils as pb_utils
 
-from trtspec.triton.backend.bls import DraftTargetBls
+from trtspec.triton.backend.nvidia_bls import TextBls
 
 
-class TritonPythonModel(DraftTargetBls):
+class TritonPythonModel(TextBls):
     pb = pb_utils
