@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import gc
 import json
 import os
 import pathlib
@@ -165,7 +166,7 @@ def main() -> int:
     ap.add_argument("--max-draft-len", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=2)
-    ap.add_argument("--target-formats", default="none,int8_wo,int4_wo",
+    ap.add_argument("--target-formats", default="none,int4_wo",
                     help="targets for trtspec: none (bf16) and ModelOpt weight-only formats")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-served", action="store_true")
@@ -281,7 +282,12 @@ def main() -> int:
     best_spec = max(spec_rows, key=lambda r: r["tok_s_best"])
     if not args.no_served:
         fmt = next(f for f in formats if best_spec["config"].endswith(label.get(f, f)))
-        served = serve_and_measure(models, targets[fmt][0], fmt, prompts_text, prompts, runs, label, args)
+        folder = targets[fmt][0]
+        configs.clear()
+        targets.clear()  # the in-process models go: the server's two engine workers load the target each
+        del draft, ours, theirs
+        gc.collect()
+        served = serve_and_measure(models, folder, fmt, prompts_text, prompts, runs, label, args)
     llama_best = max((r for r in rows if r["config"].startswith("llama.cpp")), key=lambda r: r["tok_s_best"],
                      default=None)
 
