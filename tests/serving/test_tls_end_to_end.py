@@ -176,3 +176,19 @@ def test_trtspec_run_validates_through_tls_and_the_header(server, tiny_models):
     grpc_url, opts = server.client_target()
     result = run_validation(grpc_url, parse_recipe(raw), client_options=opts)
     assert result.equivalence.mismatch_rate == 0.0 and result.bench.levels
+
+
+def test_cli_infer_takes_the_certificates_name(server, pki):
+    """`trtspec infer` (and bench/validate, the same option group) connects by IP to a certificate
+    that names only a DNS name with --tls-server-name; without it the hostname check fails (exit 5)."""
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    args = ["infer", url(server), "--model", "ensemble_baseline", "--prompt", PROMPT, "--max-tokens", "8",
+            "--tls-ca", str(pki / "ca.pem"), "--tls-cert", str(pki / "client.pem"), "--tls-key",
+            str(pki / "client.key"), "--header", f"triton-grpc-protocol-{HEADER_NAME}: {VALUE}"]
+    ok = CliRunner().invoke(main, [*args, "--tls-server-name", NAME])
+    assert ok.exit_code == 0 and ok.output.strip(), ok.output
+    bad = CliRunner().invoke(main, args)
+    assert bad.exit_code == 5 and "--tls-server-name" in bad.output, bad.output

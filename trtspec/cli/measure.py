@@ -45,9 +45,9 @@ def _exit_codes_epilog() -> str:
     return "\b\nExit codes:\n" + "\n".join(f"  {k}  {v}" for k, v in EXIT_CODES.items())
 
 
-def _client_options(endpoint, tls_ca, tls_cert, tls_key, headers) -> ClientOptions:
-    return ClientOptions(tls=TLSOptions(ca=tls_ca, cert=tls_cert, key=tls_key), headers=parse_headers(headers),
-                         endpoint=endpoint)
+def _client_options(endpoint, tls_ca, tls_cert, tls_key, tls_server_name, headers) -> ClientOptions:
+    return ClientOptions(tls=TLSOptions(ca=tls_ca, cert=tls_cert, key=tls_key, server_name=tls_server_name),
+                         headers=parse_headers(headers), endpoint=endpoint)
 
 
 # --endpoint, --tls-*, --header: how to talk to the --url target (trtspec.client.targets) → ClientOptions
@@ -59,6 +59,9 @@ TARGET.option("--tls-ca", type=click.Path(dir_okay=False), default=None,
 TARGET.option("--tls-cert", type=click.Path(dir_okay=False), default=None,
               help="PEM client certificate (mutual TLS), with --tls-key.")
 TARGET.option("--tls-key", type=click.Path(dir_okay=False), default=None, help="PEM key of --tls-cert.")
+TARGET.option("--tls-server-name", default=None,
+              help="grpcs://: the name to check in the server's certificate instead of the URL's host "
+                   "(e.g. connecting by IP to a certificate for a DNS name).")
 TARGET.option("--header", "headers", multiple=True,
               help="'NAME: VALUE' sent with every call (gRPC metadata / HTTP header); repeat for more.")
 

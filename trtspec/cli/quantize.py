@@ -51,7 +51,7 @@ QUALITY = OptionGroup("quality", _quality)
                      help="Tokens per calibration sequence [default: 512, ModelOpt's; 128 for builtin].")
 @click.option("--export", "export", required=True, type=click.Choice(["hf", "trtllm", "torch"]),
               help="hf: unified HF checkpoint (TRT-LLM PyTorch flow, EAGLE path); trtllm: legacy TRT-LLM "
-                   "checkpoint (trtllm-build); torch: ModelOpt state for the torch runtime (fake-quant).")
+                   "checkpoint (trtllm-build); torch: ModelOpt state for the torch runtime (native INT8/INT4 weight kernels where torch has them, else fake-quant; docs/quantization.md).")
 @click.option("-o", "--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="New folder for the export (+ trtspec.json, quality.json); written atomically.")
 @click.option("--pair", type=click.Path(file_okay=False), default=None,

@@ -150,6 +150,9 @@ class ClientOptions:
             raise ConfigError("--url", target.url, "--tls-* options given for a plaintext URL",
                               fix=f"use {'grpcs' if target.kind == 'grpc' else 'https'}://{target.address}"
                                   f"{target.path} to connect over TLS")
+        if self.tls.server_name is not None and target.kind != "grpc":
+            raise ConfigError("--tls-server-name", self.tls.server_name, "only gRPC targets take a server name",
+                              fix="connect to https://NAME:PORT/v1 by the name the certificate has")
         if self.endpoint != "completions" and target.kind == "grpc":
             raise ConfigError("--endpoint", self.endpoint, "only OpenAI-compatible targets have endpoints",
                               fix="drop --endpoint, or use --url http://HOST:PORT/v1")
