@@ -35,6 +35,7 @@ import json
 import os
 import pathlib
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -74,7 +75,14 @@ def run_genai_perf(venv: pathlib.Path, env: dict, url: str, model: str, tokenize
             "--request-count", str(requests), "--warmup-request-count", str(max(2, concurrency)),
             "--input-file", str(inputs), "--output-tokens-mean", str(max_tokens), "--tokenizer", tokenizer, "--random-seed", "0",
             "--artifact-dir", str(art), "--profile-export-file", "profile_export.json"]
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+    for attempt in (1, 2):
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=900)
+        # genai-perf 0.0.16 now and then reads perf_analyzer's export before it is complete (seen
+        # cut at exactly 320 KiB: "Failed to parse JSON string"); that run is repeated once, as is
+        if proc.returncode == 0 or attempt == 2 or "Failed to parse JSON string" not in proc.stdout + proc.stderr:
+            break
+        print(f"genai-perf read a truncated export ({tag}); running it again", flush=True)
+        shutil.rmtree(art, ignore_errors=True)
     if proc.returncode != 0:
         sys.exit(f"genai-perf failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     found = sorted(art.rglob("profile_export_genai_perf.json"))
