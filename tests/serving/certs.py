@@ -28,3 +28,23 @@ def self_signed_cert(d: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
     (d / "key.pem").write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                   serialization.NoEncryption()))
     return d / "cert.pem", d / "key.pem"
+
+
+def openssl_pki(d: pathlib.Path, server_san: str = "DNS:localhost,IP:127.0.0.1",
+                client_san: str = "DNS:localhost,IP:127.0.0.1") -> pathlib.Path:
+    """A CA (``ca.pem``) that signed a server and a client certificate (``server.pem``/``.key``,
+    ``client.pem``/``.key``), made by the openssl command in ``d``; returns ``d``."""
+    import subprocess
+
+    def openssl(*args):
+        subprocess.run(["openssl", *args], cwd=d, check=True, capture_output=True, timeout=60)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
+            "-subj", "/CN=trtspec-test-ca")
+    for name, san in (("server", server_san), ("client", client_san)):
+        (d / f"{name}.ext").write_text(f"subjectAltName={san}\n")
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
+                "-subj", f"/CN={'localhost' if name == 'server' else 'client'}")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
+                "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext")
+    return d

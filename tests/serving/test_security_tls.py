@@ -5,7 +5,6 @@ served, mutual TLS needs a client certificate; the router falls back to BLS unde
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
 import tritonclient.grpc as grpcclient
@@ -15,27 +14,15 @@ from trtspec.triton.access import TlsSettings
 from trtspec.triton.backend.router import _relay_mode
 from trtspec.triton.launch.server import TritonServer
 
+from tests.serving.certs import openssl_pki
 from tests.serving.test_triton_launcher import model
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-             "-subj", "/CN=trtspec-test-ca", cwd=d)
-    (d / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={'localhost' if name == 'server' else 'client'}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", "1", "-extfile", "san.ext", cwd=d)
-    return d
+    return openssl_pki(tmp_path_factory.mktemp("pki"))
 
 
 def _ready(url, **ssl) -> bool:

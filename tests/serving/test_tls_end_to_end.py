@@ -17,7 +17,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import time
 import urllib.request
 
@@ -35,6 +34,7 @@ from trtspec.triton.launch.watchdog import WatchdogSettings
 from trtspec.triton.procs import stubs_of
 from trtspec.triton.render import package
 
+from tests.serving.certs import openssl_pki
 from tests.serving.test_triton_serving import tiny_recipe
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")
@@ -46,23 +46,9 @@ PROMPT = "def fibonacci(n):\n    "
 MAX_TOKENS = 24
 
 
-def _openssl(*args, cwd):
-    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
-
-
 @pytest.fixture(scope="module")
 def pki(tmp_path_factory):
-    d = tmp_path_factory.mktemp("pki-e2e")
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem", "-days", "1",
-             "-subj", "/CN=trtspec-e2e-ca", cwd=d)
-    (d / "server.ext").write_text(f"subjectAltName=DNS:{NAME}\n")
-    (d / "client.ext").write_text("subjectAltName=DNS:client\n")
-    for name in ("server", "client"):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr",
-                 "-subj", f"/CN={name}", cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial",
-                 "-out", f"{name}.pem", "-days", "1", "-extfile", f"{name}.ext", cwd=d)
-    return d
+    return openssl_pki(tmp_path_factory.mktemp("pki-e2e"), server_san=f"DNS:{NAME}", client_san="DNS:client")
 
 
 @pytest.fixture(scope="module")

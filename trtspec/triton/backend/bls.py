@@ -29,7 +29,7 @@ from trtspec.triton.backend.common import (
     error_response,
     model_parameters,
     output_array,
-    parse_or_reject,
+    parsed_requests,
     resident_bytes,
     send_error,
 )
@@ -45,6 +45,16 @@ def common_prefix(a: list[int], b: list[int]) -> int:
             break
         n += 1
     return n
+
+
+def rounds_cannot_honour(req: GenerationRequest) -> list[str]:
+    """The inputs of ``req`` draft-target rounds cannot honour: each round re-sends the context as
+    a new prompt, so what depends on the request's own history (penalties counting only generated
+    tokens, log-probs of the whole output, several sequences) would restart at every round."""
+    return [n for n, on in (("num_return_sequences", req.num_return_sequences > 1),
+                            ("presence_penalty", req.sampling.presence_penalty != 0),
+                            ("frequency_penalty", req.sampling.frequency_penalty != 0),
+                            ("return_log_probs", req.sampling.logprobs)) if on]
 
 
 class Rounds:
@@ -134,15 +144,8 @@ class DraftTargetBls(Rounds):
         self.threads = RequestThreads()
 
     def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            req = parse_or_reject(self.pb, request, sender, self.name)
-            if req is None:
-                continue
-            unsupported = [n for n, on in (("num_return_sequences", req.num_return_sequences > 1),
-                                           ("presence_penalty", req.sampling.presence_penalty != 0),
-                                           ("frequency_penalty", req.sampling.frequency_penalty != 0),
-                                           ("return_log_probs", req.sampling.logprobs)) if on]
+        for sender, req in parsed_requests(self.pb, requests, self.name):
+            unsupported = rounds_cannot_honour(req)
             if unsupported or (req.streaming and not self.decoupled):
                 what = (f"input '{unsupported[0]}' is not supported by the draft-target rounds (each round "
                         "re-sends the context as a new prompt)" if unsupported

@@ -69,6 +69,16 @@ def parse_or_reject(pb, request, sender, model_name: str):
         return None
 
 
+def parsed_requests(pb, requests, model_name: str):
+    """(response sender, generation inputs) of each request of an ``execute`` batch; a request with
+    bad inputs is answered INVALID_ARG (naming the input) and skipped."""
+    for request in requests:
+        sender = request.get_response_sender()
+        req = parse_or_reject(pb, request, sender, model_name)
+        if req is not None:
+            yield sender, req
+
+
 class RequestThreads:
     """One daemon thread per request, for decoupled models that answer from their own threads;
     ``finalize`` joins the ones still running."""

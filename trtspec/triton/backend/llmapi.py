@@ -17,7 +17,7 @@ import json
 import pathlib
 import time
 
-from trtspec.triton.backend.common import RequestThreads, model_parameters, parse_or_reject, resident_bytes, send_error
+from trtspec.triton.backend.common import RequestThreads, model_parameters, parsed_requests, resident_bytes, send_error
 from trtspec.triton.backend.requests import GenerationRequest
 
 
@@ -55,11 +55,7 @@ class LlmApiModel:
         self.threads = RequestThreads()
 
     def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            req = parse_or_reject(self.pb, request, sender, self.name)
-            if req is None:
-                continue
+        for sender, req in parsed_requests(self.pb, requests, self.name):
             # not mapped onto the LLM API's SamplingParams here (untested without TRT-LLM): refused clearly
             unmapped = [n for n, on in (("stop_words_list", bool(req.sampling.stop_words)),
                                         ("bad_words_list", bool(req.sampling.bad_words)),

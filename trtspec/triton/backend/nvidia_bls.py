@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from trtspec.errors import TrtspecError
-from trtspec.triton.backend.bls import CallError, Calls, Cancelled, Rounds
+from trtspec.triton.backend.bls import CallError, Calls, Cancelled, Rounds, rounds_cannot_honour
 from trtspec.triton.backend.common import (
     RequestThreads,
     error_response,
@@ -194,13 +194,11 @@ class TextBls(Rounds):
         # the text is the ensemble's for the same request: the prompt leads it only with
         # exclude_input_in_output=false (the router's default, which the relayed requests get)
         req = parse_generation(get)
-        for name, on in (("num_return_sequences", req.num_return_sequences > 1),
-                         ("presence_penalty", req.sampling.presence_penalty != 0),
-                         ("frequency_penalty", req.sampling.frequency_penalty != 0),
-                         ("return_log_probs", req.sampling.logprobs)):
-            if on:
-                raise RequestInputError(f"input '{name}' is not supported with num_draft_tokens > 0 (each round "
-                                        "re-sends the context as a new prompt)", fix=f"omit '{name}' or num_draft_tokens")
+        unsupported = rounds_cannot_honour(req)
+        if unsupported:
+            raise RequestInputError(f"input '{unsupported[0]}' is not supported with num_draft_tokens > 0 (each "
+                                    "round re-sends the context as a new prompt)",
+                                    fix=f"omit '{unsupported[0]}' or num_draft_tokens")
         out: list[int] = []
         stats = None
         for new, stats, done in self.rounds(req, k):

@@ -36,7 +36,7 @@ from trtspec.triton.backend.common import (
     error_response,
     model_parameters,
     output_array,
-    parse_or_reject,
+    parsed_requests,
     scalar,
     send_error,
 )
@@ -202,11 +202,7 @@ class Router:
         self.metrics.declare(specs)
 
     def execute(self, requests):
-        for request in requests:
-            sender = request.get_response_sender()
-            req = parse_or_reject(self.pb, request, sender, self.name)
-            if req is None:
-                continue
+        for sender, req in parsed_requests(self.pb, requests, self.name):
             if not self.decoupled and (req.streaming or req.num_return_sequences > 1):
                 what = "stream=true" if req.streaming else f"num_return_sequences={req.num_return_sequences}"
                 send_error(self.pb, sender, f"{self.name}: {what} needs a decoupled model; this repository answers "
