@@ -7,7 +7,7 @@ import pytest
 from tests.serving.triton_stream import generate
 
 from trtspec.config import parse_recipe
-from trtspec.triton.backend.router import _relay_mode
+from trtspec.triton.backend.router import relay_mode
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
 
@@ -17,15 +17,15 @@ SERVER = ["tritonserver", "--model-repository=/r"]
 
 
 def test_grpc_endpoint_comes_from_the_server_command_line():
-    assert _relay_mode("auto", SERVER) == ("grpc", "127.0.0.1:8001")  # Triton's defaults
-    assert _relay_mode("auto", SERVER + ["--grpc-address=10.0.0.5", "--grpc-port=9001"]) == ("grpc", "10.0.0.5:9001")
-    assert _relay_mode("grpc", SERVER + ["--grpc-port", "9002", "--grpc-address", "0.0.0.0"]) == ("grpc", "127.0.0.1:9002")
-    assert _relay_mode("auto", SERVER + ["--allow-grpc=false"]) == ("bls", "the server runs without gRPC")
-    assert _relay_mode("BLS", SERVER) == ("bls", "TRTSPEC_ROUTER_RELAY=bls")
+    assert relay_mode("auto", SERVER) == ("grpc", "127.0.0.1:8001")  # Triton's defaults
+    assert relay_mode("auto", SERVER + ["--grpc-address=10.0.0.5", "--grpc-port=9001"]) == ("grpc", "10.0.0.5:9001")
+    assert relay_mode("grpc", SERVER + ["--grpc-port", "9002", "--grpc-address", "0.0.0.0"]) == ("grpc", "127.0.0.1:9002")
+    assert relay_mode("auto", SERVER + ["--allow-grpc=false"]) == ("bls", "the server runs without gRPC")
+    assert relay_mode("BLS", SERVER) == ("bls", "TRTSPEC_ROUTER_RELAY=bls")
     with pytest.raises(ValueError, match="--allow-grpc=false"):
-        _relay_mode("grpc", SERVER + ["--allow-grpc=false"])
+        relay_mode("grpc", SERVER + ["--allow-grpc=false"])
     with pytest.raises(ValueError, match="use auto, grpc or bls"):
-        _relay_mode("http", SERVER)
+        relay_mode("http", SERVER)
 
 
 @pytest.mark.parametrize("relay, logged", [("bls", "BLS (TRTSPEC_ROUTER_RELAY=bls)"), ("auto", "gRPC at 127.0.0.1:")])

@@ -11,7 +11,7 @@ import tritonclient.grpc as grpcclient
 
 from trtspec.errors import ConfigError
 from trtspec.triton.access import TlsSettings
-from trtspec.triton.backend.router import _relay_mode
+from trtspec.triton.backend.router import relay_mode
 from trtspec.triton.launch.server import TritonServer
 
 from tests.serving.certs import openssl_pki
@@ -59,6 +59,6 @@ def test_tls_files_are_checked_and_the_router_relays_over_bls_under_tls(tmp_path
     with pytest.raises(ConfigError, match="--tls-cert"):
         TlsSettings(str(tmp_path / "missing.pem"), str(tmp_path / "k")).check()
     argv = ["tritonserver", "--grpc-port=9", "--grpc-use-ssl=true"]
-    assert _relay_mode("auto", argv)[0] == "bls" and "TLS" in _relay_mode("auto", argv)[1]
-    assert _relay_mode("auto", argv, tls=True) == ("grpc", "127.0.0.1:9")
-    assert _relay_mode("auto", ["tritonserver", "--grpc-port=9"])[0] in ("grpc", "bls")
+    assert relay_mode("auto", argv)[0] == "bls" and "TLS" in relay_mode("auto", argv)[1]
+    assert relay_mode("auto", argv, tls=True) == ("grpc", "127.0.0.1:9")
+    assert relay_mode("auto", ["tritonserver", "--grpc-port=9"])[0] in ("grpc", "bls")

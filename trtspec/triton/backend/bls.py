@@ -34,7 +34,7 @@ from trtspec.triton.backend.common import (
     send_error,
 )
 from trtspec.triton.backend.requests import GenerationRequest, engine_inputs
-from trtspec.triton.backend.router import _ClientPool, _relay_mode
+from trtspec.triton.backend.router import ClientPool, relay_mode
 from trtspec.speculative.stats import RequestStats
 
 
@@ -210,15 +210,15 @@ class Calls:
     def __init__(self, pb, name: str):
         self.pb = pb
         internal = InternalClient.from_env()
-        self.mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"), tls=internal.tls is not None)
-        self.clients = _ClientPool(why, internal) if self.mode == "grpc" else None
+        self.mode, why = relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"), tls=internal.tls is not None)
+        self.clients = ClientPool(why, internal) if self.mode == "grpc" else None
         pb.Logger.log_info(f"{name}: calls the other models over "
                            f"{'gRPC at ' + why if self.mode == 'grpc' else 'BLS (' + why + ')'}")
 
     def infer(self, model: str, tensors: dict, outputs: list[str]) -> dict:
         if self.mode != "grpc":
             return next(self._bls(model, tensors, outputs, decoupled=False))
-        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
+        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by relay_mode)
         from tritonclient.utils import InferenceServerException  # lazy: as above
 
         client = self.clients.get()
@@ -238,7 +238,7 @@ class Calls:
         if self.mode != "grpc":
             yield from self._bls(model, tensors, outputs, decoupled=True)
             return
-        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by _relay_mode)
+        import tritonclient.grpc as grpcclient  # lazy: [client] (checked by relay_mode)
 
         client = self.clients.get()
         q: queue.Queue = queue.Queue()
@@ -272,14 +272,7 @@ class Calls:
                     clean = True
                     return
         finally:
-            try:
-                client.stop_stream(cancel_requests=not clean)
-            except Exception:  # noqa: BLE001 - a broken stream: drop the client
-                clean = False
-            if clean:
-                self.clients.put(client)
-            else:
-                client.close()
+            self.clients.release(client, clean)
 
     @staticmethod
     def _inputs(tensors: dict) -> list:

@@ -109,7 +109,7 @@ class _EngineError:
         self.response = response
 
 
-class _ClientPool:
+class ClientPool:
     """gRPC clients of this server, one stream each, reused across requests; over TLS and with
     the required header when the launcher said so (``access.InternalClient``)."""
 
@@ -131,6 +131,18 @@ class _ClientPool:
     def put(self, client) -> None:
         with self._lock:
             self._free.append(client)
+
+    def release(self, client, clean: bool) -> None:
+        """End ``client``'s stream: one that ended cleanly goes back to the pool, a broken one
+        (or one stopped mid-request: its requests are cancelled) is closed."""
+        try:
+            client.stop_stream(cancel_requests=not clean)
+        except Exception:  # noqa: BLE001 - a broken stream: drop the client
+            clean = False
+        if clean:
+            self.put(client)
+        else:
+            client.close()
 
     def close(self) -> None:
         with self._lock:
@@ -174,9 +186,9 @@ class Router:
         # racing this model's threads (heap corruption under load, docs/reliability.md), so BLS is
         # only the fallback: TRTSPEC_ROUTER_RELAY=bls|grpc|auto (default auto).
         internal = InternalClient.from_env()
-        self.relay_mode, why = _relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"),
+        self.relay_mode, why = relay_mode(os.environ.get("TRTSPEC_ROUTER_RELAY", "auto"),
                                            tls=internal.tls is not None)
-        self.clients = _ClientPool(why, internal) if self.relay_mode == "grpc" else None
+        self.clients = ClientPool(why, internal) if self.relay_mode == "grpc" else None
         self.pb.Logger.log_info(f"{self.name}: relays engine responses over "
                                 f"{'gRPC at ' + why if self.relay_mode == 'grpc' else 'BLS (' + why + ')'}")
         # the engines' stub pids at the last scan (None: not scanned since the router was idle)
@@ -253,14 +265,7 @@ class Router:
                 self._relay_items(relay, req, path, self._grpc_items(client, relay, model, inputs, names, path))
                 clean = True
             finally:
-                try:
-                    client.stop_stream(cancel_requests=not clean)  # clean: the engine's stream has ended
-                except Exception:  # noqa: BLE001 - a broken stream: drop the client
-                    clean = False
-                if clean:
-                    self.clients.put(client)
-                else:
-                    client.close()
+                self.clients.release(client, clean)  # clean: the engine's stream has ended
         else:
             self._relay_items(relay, req, path, self._bls_items(relay, model, inputs, names, path))
 
@@ -470,7 +475,7 @@ class Router:
             self.clients.close()
 
 
-def _relay_mode(wanted: str, argv: list[str] | None = None, *, tls: bool = False) -> tuple[str, str]:
+def relay_mode(wanted: str, argv: list[str] | None = None, *, tls: bool = False) -> tuple[str, str]:
     """("grpc", url of this server's gRPC endpoint) or ("bls", why not gRPC).
 
     The url comes from the command line of the parent tritonserver (``argv``; by default read
