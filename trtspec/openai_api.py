@@ -318,7 +318,9 @@ class OpenAIRelay:
 
     def client(self) -> AsyncLLMClient:
         if self._client is None:
-            self._client = AsyncLLMClient(self.grpc_url, tokenizer=self.tokenizer_dir, options=self.client_options)
+            # the prompt's token count comes from the engine's perf outputs: no tokenizer before the first token
+            self._client = AsyncLLMClient(self.grpc_url, tokenizer=self.tokenizer_dir, options=self.client_options,
+                                          count_prompt_tokens=False)
             self._tok = self._client.tokenizer
         return self._client
 
@@ -600,8 +602,17 @@ class OpenAIRelay:
     async def _stream(self, request, req: Request, rid: str, jobs, extra: dict):
         from aiohttp import web
 
+        # the gRPC requests go out first: the response's headers are written while the engine prefills
+        events: asyncio.Queue = asyncio.Queue()
+        tasks = [asyncio.create_task(self._run_choice(req, idx, prompt, k, extra, events)) for idx, prompt, k in jobs]
+
+        def failed(t: asyncio.Task) -> None:  # a choice that raised puts no end event: say so on the queue
+            if not t.cancelled() and t.exception() is not None:
+                events.put_nowait((None, t.exception(), None, None))
+
+        for t in tasks:
+            t.add_done_callback(failed)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-        await resp.prepare(request)
         created = int(time.time())
         obj = "chat.completion.chunk" if req.chat else "text_completion"
 
@@ -615,25 +626,17 @@ class OpenAIRelay:
                 d["usage"] = None
             return d
 
-        events: asyncio.Queue = asyncio.Queue()
-        tasks = [asyncio.create_task(self._run_choice(req, idx, prompt, k, extra, events)) for idx, prompt, k in jobs]
         offsets = {idx: 0 for idx, _, _ in jobs}
         try:
+            await resp.prepare(request)
             if req.chat:
                 await send(chunk([{"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                                    "finish_reason": None} for idx, _, _ in jobs]))
             left = len(tasks)
             while left:
-                get = asyncio.ensure_future(events.get())
-                done, _ = await asyncio.wait({get, *[t for t in tasks if not t.done()]},
-                                             return_when=asyncio.FIRST_COMPLETED)
-                if get not in done:
-                    get.cancel()
-                    for t in tasks:  # a choice failed before putting its end event
-                        if t.done() and t.exception() is not None:
-                            raise t.exception()
-                    continue
-                choice, text, ids, lps = get.result()
+                choice, text, ids, lps = await events.get()
+                if choice is None:  # a choice failed: text is its exception
+                    raise text
                 if text is None:  # finished
                     left -= 1
                     end = {"index": choice.index, "finish_reason": choice.finish_reason, "logprobs": None,

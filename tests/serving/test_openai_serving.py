@@ -246,3 +246,20 @@ def test_bench_and_validate_agree_on_openai_and_grpc_ports(openai_url, grpc_url,
         verdicts[name] = (r.exit_code, d["verdict"]["decision"], d["equivalence"]["exact_match_rate"],
                           d["equivalence"]["compared"])
     assert verdicts["grpc"] == verdicts["openai"] == (0, "deploy speculative", 1.0, "server token ids"), verdicts
+
+
+def test_a_request_the_ensemble_rejects_mid_stream_ends_in_an_error_event(openai_url, oai):
+    """Streamed: the gRPC request goes out before the SSE headers, so a rejection from the ensemble
+    (a prompt over max_input_len) arrives as an OpenAI error event then [DONE], not a hang; the
+    endpoint still serves the next request."""
+    import httpx
+
+    body = {"model": "ensemble", "prompt": "x " * 2000, "max_tokens": 4, "stream": True}
+    with httpx.stream("POST", f"{openai_url}/completions", json=body, timeout=60) as r:
+        assert r.status_code == 200
+        events = [line[5:].strip() for line in r.iter_lines() if line.startswith("data:")]
+    assert events[-1] == "[DONE]", events
+    errors = [json.loads(e)["error"] for e in events[:-1] if "error" in json.loads(e)]
+    assert len(errors) == 1 and errors[0]["message"], events
+    assert "input" in errors[0]["message"].lower() or "length" in errors[0]["message"].lower(), errors
+    assert oai.completions.create(model="ensemble", prompt="x", max_tokens=2, temperature=0).usage.completion_tokens
