@@ -243,6 +243,30 @@ def test_scripted_max_tokens_reached_mid_draft():
     assert g.stats.drafted <= 1  # draft length capped by the tokens still allowed
 
 
+def test_cost_ratios_count_the_time_between_steps():
+    """A served engine spends time between steps (sending the step's tokens, taking requests):
+    speculation pays it once per pass, so the adaptive controller's cost ratios include it. A
+    prefill between two steps is not counted."""
+    import time
+
+    eng = Engine(ScriptedLM(), ScriptedProposer(), max_draft_len=3, max_batch_size=2, adaptive=True)
+    eng.add([0], Sampling(max_tokens=400))
+    for _ in range(12):
+        eng.step()
+        time.sleep(0.004)
+    o = eng.cost["overhead"]
+    assert 0.003 < o < 0.05
+    d, v = eng.cost["draft_token"], eng.cost["verify"][3]
+    t = eng.cost["target_step"] or min(eng.cost["verify"].values())
+    assert eng._cost_ratio() == pytest.approx(d / (t + o))
+    eng.cost["target_step"] = t
+    assert eng._verify_ratio()[3] == pytest.approx((v + o) / (t + o))
+    eng.add([1], Sampling(max_tokens=400))  # a prefill: the next step's gap is not overhead
+    time.sleep(0.02)
+    eng.step()
+    assert eng.cost["overhead"] == o
+
+
 def test_external_draft_tokens_are_verified_first():
     """The tensorrtllm backend's draft_input_ids: client-supplied drafts verified in step 1."""
     eng = Engine(ScriptedLM(), None, max_draft_len=4, max_batch_size=1)

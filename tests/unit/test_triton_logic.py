@@ -75,6 +75,28 @@ def test_break_even_from_measured_costs():
     assert q.fallback_active and q.break_even > 0.3
 
 
+def test_break_even_counts_the_fixed_cost_per_pass():
+    """A fast target (INT8 kernels) next to a fixed cost per pass (sampling, bookkeeping, sending
+    the step's tokens): speculation pays that cost once per pass, plain decoding once per token.
+    The break-even falls, and a window that would fall back on draft+verify alone keeps
+    speculating."""
+    from trtspec.acceptance import break_even_acceptance
+
+    def perf(passes, draft_s, verify_s, other_s):
+        return {"target_passes": passes, "draft_s": draft_s, "verify_s": verify_s, "queue_s": 0.001,
+                "prefill_s": 0.004, "total_s": 0.005 + draft_s + verify_s + other_s}
+
+    lean, loaded = RoutingPolicy(1.0, window=16), RoutingPolicy(1.0, window=16)
+    for p, other in ((lean, 0.0), (loaded, 1.0)):
+        p.record_baseline(perf(100, 0.0, 0.2, 0.1 * other))  # 2 ms target step (+1 ms per step)
+        p.record_speculative(40, 20, perf(10, 0.03, 0.04, 0.01 * other))  # c = 0.375, v = 2 (+1 ms per pass)
+    assert lean.break_even == pytest.approx(acceptance_rate_at(break_even_acceptance(0.375, 4, 2.0), 4))
+    # with 1 ms per pass on both sides: c = 0.75 / 3, v = (4 + 1) / 3
+    assert loaded.break_even == pytest.approx(acceptance_rate_at(break_even_acceptance(0.25, 4, 5 / 3), 4))
+    assert loaded.break_even < lean.break_even
+    assert lean.fallback_active and not loaded.fallback_active  # 20/40 = 0.5 accepted
+
+
 def test_acceptance_rate_at():
     assert acceptance_rate_at(1.0, 4) == 1.0
     assert acceptance_rate_at(0.5, 2) == pytest.approx((0.5 + 0.25) / 2)

@@ -122,7 +122,10 @@ class Engine:
         self.adaptive_window = adaptive_window
         self.min_acceptance_rate = min_acceptance_rate
         # measured step costs (seconds, EMA) for the adaptive controller and `trtspec tune`
-        self.cost = {"draft_token": None, "target_step": None, "verify": {}}
+        # overhead: a step's wall time outside drafting and verifying (sampling, bookkeeping, and in a
+        # server the loop's work between steps); speculation pays it once per pass, not per token
+        self.cost = {"draft_token": None, "target_step": None, "verify": {}, "overhead": None}
+        self._last_step_end: float | None = None  # consecutive steps only: a prefill between resets it
         self._ids = itertools.count(1)
 
     # ------------------------------------------------------------------ requests
@@ -193,6 +196,7 @@ class Engine:
         now = time.perf_counter()
         stats.prefill_s = now - t0
         stats.ttft_s = now - req.submitted
+        self._last_step_end = None  # the next step's gap holds this prefill: not per-step overhead
         stats.started = t0
         self.slots[slot] = s
         return self._commit(slot, [first], now, first_lp)
@@ -323,6 +327,9 @@ class Engine:
         draft_s = (t1 - t0 + (t3 - t2)) if self.proposer is not None and K > 0 else 0.0
         verify_s = t2 - t1
         self._measure(draft_s, verify_s, K, sum(n_drafted))
+        if self._last_step_end is not None and t0 - self._last_step_end < 0.05:
+            # this step's wall time since the last one ended, less what draft and verify took
+            self._measure_overhead(t3 - self._last_step_end - draft_s - verify_s)
         events = []
         for b, (r, s) in enumerate(zip(rows, slots)):
             k_b = n_drafted[b]
@@ -330,6 +337,7 @@ class Engine:
             if s.adaptive is not None:
                 s.adaptive.update(k_b, accepted[b], self._cost_ratio(), self._verify_ratio())
             events.append(self._commit(r, new[b], t3, lps[b]))
+        self._last_step_end = t3  # the next step's overhead starts here: this step's commit is part of it
         return events
 
     def _measure(self, draft_s: float, verify_s: float, K: int, drafted: int) -> None:
@@ -346,9 +354,14 @@ class Engine:
             if drafted:
                 self.cost["draft_token"] = ema(self.cost["draft_token"], draft_s / K)
 
+    def _measure_overhead(self, overhead_s: float) -> None:
+        o = self.cost["overhead"]
+        x = max(0.0, overhead_s)
+        self.cost["overhead"] = x if o is None else 0.9 * o + 0.1 * x
+
     def _cost_ratio(self) -> float | None:
         d, t = self.cost["draft_token"], self.cost["target_step"] or self._estimate_target_step()
-        return d / t if d and t else None
+        return d / (t + (self.cost["overhead"] or 0.0)) if d and t else None
 
     def _estimate_target_step(self) -> float | None:
         v = self.cost["verify"]
@@ -358,7 +371,8 @@ class Engine:
         t = self.cost["target_step"]
         if not t:
             return {}
-        return {k: v / t for k, v in self.cost["verify"].items()}
+        o = self.cost["overhead"] or 0.0
+        return {k: (v + o) / (t + o) for k, v in self.cost["verify"].items()}
 
     def _commit(self, row: int, tokens: list[int], now: float, logprobs: list[float] | None = None) -> Event:
         """Append ``tokens`` to the committed sequence; emit them up to EOS, a stop word (kept in

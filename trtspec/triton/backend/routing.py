@@ -10,7 +10,12 @@ for each request and reports each finished request back.
   every ``probe_every``-th (a probe), whose result refreshes the window so the router can recover.
 * Break-even: ``min_acceptance_rate`` if the recipe sets it; else derived from measured costs:
   c = draft time per draft token / target step, v = verify time per pass / target step (target step
-  from baseline requests; before any, the verify pass stands in for it). The per-token break-even
+  from baseline requests; before any, the verify pass stands in for it). Both engines also pay a
+  fixed cost per pass outside drafting and verifying (sampling, bookkeeping, sending the step's
+  tokens): measured per request as decode time − draft − verify over its passes, it joins the
+  target step (baseline) and the verify pass (speculative), since speculation pays it once per
+  pass instead of once per token. A fast target (INT8 kernels) makes that share large: leaving it
+  out would fall back where speculation still wins. The per-token break-even
   α* (Leviathan et al.: speedup (1-α^{k+1})/((1-α)(k·c+v)) = 1) is converted to the acceptance rate
   it implies at the mean draft length k, r* = (α + … + α^k) / k, which is what the window measures.
 """
@@ -45,6 +50,16 @@ class _Ema:
         self.value = x if self.value is None else (1 - self.a) * self.value + self.a * x
 
 
+def _overhead_per_pass(perf: dict, passes: int) -> float | None:
+    """A request's time per pass outside drafting and verifying: decode time (total − queue −
+    prefill) − draft − verify, over its passes; None where the perf dict lacks a field."""
+    try:
+        decode = perf["total_s"] - perf["queue_s"] - perf["prefill_s"]
+        return max(0.0, decode - perf.get("draft_s", 0.0) - perf["verify_s"]) / passes
+    except (KeyError, TypeError):
+        return None
+
+
 class RoutingPolicy:
     def __init__(
         self,
@@ -77,6 +92,8 @@ class RoutingPolicy:
         self._draft_per_token = _Ema()
         self._verify_per_pass = _Ema()
         self._target_step = _Ema()
+        self._spec_overhead = _Ema()  # per pass, outside draft and verify (see the module's doc)
+        self._base_overhead = _Ema()
         self._draft_len = _Ema()
         self.counts = collections.Counter()
 
@@ -123,6 +140,9 @@ class RoutingPolicy:
                 if passes and perf.get("verify_s") is not None:
                     self._verify_per_pass.add(perf["verify_s"] / passes)
                     self._draft_len.add(drafted / passes)
+                    o = _overhead_per_pass(perf, passes)
+                    if o is not None:
+                        self._spec_overhead.add(o)
             self._update()
 
     def record_baseline(self, perf: dict | None = None) -> None:
@@ -131,6 +151,9 @@ class RoutingPolicy:
             passes = (perf or {}).get("target_passes") or 0
             if passes and perf.get("verify_s") is not None:
                 self._target_step.add(perf["verify_s"] / passes)
+                o = _overhead_per_pass(perf, passes)
+                if o is not None:
+                    self._base_overhead.add(o)
                 self._update()
 
     def _update(self) -> None:
@@ -154,7 +177,9 @@ class RoutingPolicy:
             return None
         t = self._target_step.value or v
         k = max(1, round(self._draft_len.value or self.max_draft_len))
-
+        o_s = self._spec_overhead.value or 0.0
+        o_b = self._base_overhead.value if self._base_overhead.value is not None else o_s
+        t, v = t + o_b, v + o_s  # a plain token and a speculative pass, each with its fixed cost
         alpha = break_even_acceptance(d / t, k, v / t)
         return acceptance_rate_at(alpha, k)
 
