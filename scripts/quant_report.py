@@ -36,7 +36,7 @@ def decode_tok_s(folder: pathlib.Path, prompts: list[list[int]], new_tokens: int
     from trtspec.sampling import Sampling
 
     model = load_model(str(folder), torch.float32, torch.device("cpu"))
-    kind = "int8 kernel" if model.weight_only else ("fake-quant" if model.modelopt_quantized else "fp32")
+    kind = f"{model.weight_only} kernel" if model.weight_only else ("fake-quant" if model.modelopt_quantized else "fp32")
     engine = Engine(model, None, max_batch_size=1, max_seq_len=512)
     params = Sampling(max_tokens=new_tokens, ignore_eos=True)
     engine.generate(prompts[:1], params)  # warm-up

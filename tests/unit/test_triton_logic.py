@@ -97,6 +97,26 @@ def test_break_even_counts_the_fixed_cost_per_pass():
     assert lean.fallback_active and not loaded.fallback_active  # 20/40 = 0.5 accepted
 
 
+def test_break_even_compares_costs_at_the_same_batch_size():
+    """A verify pass over 4 rows is compared with a target step over 4 rows: baseline requests
+    measured alone do not make batched speculation look hopeless."""
+    def perf(passes, draft_s, verify_s, batch):
+        return {"target_passes": passes, "draft_s": draft_s, "verify_s": verify_s, "mean_batch": batch}
+
+    p = RoutingPolicy(1.0, window=16)
+    p.record_baseline(perf(100, 0.0, 0.2, 1.0))  # alone: 2 ms a step
+    p.record_baseline(perf(100, 0.0, 0.6, 3.8))  # 4 rows: 6 ms a step
+    p.record_speculative(40, 20, perf(10, 0.08, 0.1, 1.0))  # alone: c = 1, v = 5
+    alone = p.break_even
+    p.record_speculative(40, 20, perf(10, 0.08, 0.1, 4.2))  # 4 rows: c = 1/3, v = 5/3
+    batched = p.break_even
+    from trtspec.acceptance import break_even_acceptance
+
+    assert alone == pytest.approx(1.0)  # (k+1) / (k·1 + 5) < 1: never pays alone
+    assert batched == pytest.approx(acceptance_rate_at(break_even_acceptance(1 / 3, 4, 5 / 3), 4))
+    assert batched < 0.6 and not p.fallback_active
+
+
 def test_acceptance_rate_at():
     assert acceptance_rate_at(1.0, 4) == 1.0
     assert acceptance_rate_at(0.5, 2) == pytest.approx((0.5 + 0.25) / 2)

@@ -333,7 +333,7 @@ class Engine:
         events = []
         for b, (r, s) in enumerate(zip(rows, slots)):
             k_b = n_drafted[b]
-            s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s)
+            s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s, batch=B)
             if s.adaptive is not None:
                 s.adaptive.update(k_b, accepted[b], self._cost_ratio(), self._verify_ratio())
             events.append(self._commit(r, new[b], t3, lps[b]))

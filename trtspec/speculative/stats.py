@@ -39,6 +39,7 @@ class RequestStats(_Acceptance):
     drafted: int = 0
     accepted: int = 0
     steps: int = 0  # target verification passes after prefill
+    batch_rows: int = 0  # Σ over those passes of the rows in the pass (this request's included)
     tokens_per_step: collections.Counter = field(default_factory=collections.Counter)  # n+1 → count
     reached: list[int] = field(default_factory=list)  # draft position i (0-based) was verified
     accepted_at: list[int] = field(default_factory=list)  # draft position i was accepted
@@ -54,8 +55,9 @@ class RequestStats(_Acceptance):
     peak_rss_bytes: int = 0
     peak_device_bytes: int = 0
 
-    def record_step(self, *, drafted: int, accepted: int, draft_s: float, verify_s: float) -> None:
+    def record_step(self, *, drafted: int, accepted: int, draft_s: float, verify_s: float, batch: int = 1) -> None:
         self.steps += 1
+        self.batch_rows += batch
         self.drafted += drafted
         self.accepted += accepted
         self.tokens_per_step[accepted + 1] += 1
@@ -95,6 +97,7 @@ class RequestStats(_Acceptance):
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_length": round(self.acceptance_length, 4),
             "target_passes": self.steps,
+            "mean_batch": round(self.batch_rows / self.steps, 3) if self.steps else 0.0,
             "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
@@ -154,6 +157,7 @@ class Aggregate(_Acceptance):
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_length": round(self.acceptance_length, 4),
             "target_passes": self.steps,
+            "mean_batch": round(self.batch_rows / self.steps, 3) if self.steps else 0.0,
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance()],
             "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
             "draft_s": round(self.draft_s, 4),

@@ -15,7 +15,10 @@ for each request and reports each finished request back.
   tokens): measured per request as decode time − draft − verify over its passes, it joins the
   target step (baseline) and the verify pass (speculative), since speculation pays it once per
   pass instead of once per token. A fast target (INT8 kernels) makes that share large: leaving it
-  out would fall back where speculation still wins. The per-token break-even
+  out would fall back where speculation still wins. Costs are kept per batch size (the engine's
+  ``mean_batch`` per request, rounded): a verify pass over 4 rows is compared with a target step
+  over 4 rows, never with one over 1 (mixing them swung the break-even from 0.29 to 0.53 and back
+  to 0 within one validation run). The per-token break-even
   α* (Leviathan et al.: speedup (1-α^{k+1})/((1-α)(k·c+v)) = 1) is converted to the acceptance rate
   it implies at the mean draft length k, r* = (α + … + α^k) / k, which is what the window measures.
 """
@@ -48,6 +51,14 @@ class _Ema:
 
     def add(self, x: float) -> None:
         self.value = x if self.value is None else (1 - self.a) * self.value + self.a * x
+
+
+def _batch(perf: dict) -> int:
+    """The request's batch size bucket: its passes' mean rows, rounded (1 for an engine that does not say)."""
+    try:
+        return max(1, round(float(perf.get("mean_batch") or 1)))
+    except (TypeError, ValueError):
+        return 1
 
 
 def _overhead_per_pass(perf: dict, passes: int) -> float | None:
@@ -88,13 +99,11 @@ class RoutingPolicy:
         self._held_back = 0  # speculative-bound requests sent to the baseline since the last probe
         self._fallback = False
         self._lock = threading.Lock()
-        # measured costs (seconds)
-        self._draft_per_token = _Ema()
-        self._verify_per_pass = _Ema()
-        self._target_step = _Ema()
-        self._spec_overhead = _Ema()  # per pass, outside draft and verify (see the module's doc)
-        self._base_overhead = _Ema()
-        self._draft_len = _Ema()
+        # measured costs (seconds) per batch size: draft per token, verify per pass, target step, the
+        # fixed cost per pass (outside draft and verify) of each engine, draft tokens per pass
+        self._costs: dict[int, dict[str, _Ema]] = collections.defaultdict(
+            lambda: {n: _Ema() for n in ("draft", "verify", "target", "spec_other", "base_other", "draft_len")})
+        self._batch = 1  # the batch size of the last speculative request: the load decisions are for
         self.counts = collections.Counter()
 
     # -------------------------------------------------------------- decisions
@@ -135,14 +144,16 @@ class RoutingPolicy:
                     self._accepted -= a
             if perf:
                 passes = perf.get("target_passes") or 0
+                self._batch = _batch(perf)
+                c = self._costs[self._batch]
                 if drafted > 0 and perf.get("draft_s") is not None:
-                    self._draft_per_token.add(perf["draft_s"] / drafted)
+                    c["draft"].add(perf["draft_s"] / drafted)
                 if passes and perf.get("verify_s") is not None:
-                    self._verify_per_pass.add(perf["verify_s"] / passes)
-                    self._draft_len.add(drafted / passes)
+                    c["verify"].add(perf["verify_s"] / passes)
+                    c["draft_len"].add(drafted / passes)
                     o = _overhead_per_pass(perf, passes)
                     if o is not None:
-                        self._spec_overhead.add(o)
+                        c["spec_other"].add(o)
             self._update()
 
     def record_baseline(self, perf: dict | None = None) -> None:
@@ -150,10 +161,11 @@ class RoutingPolicy:
         with self._lock:
             passes = (perf or {}).get("target_passes") or 0
             if passes and perf.get("verify_s") is not None:
-                self._target_step.add(perf["verify_s"] / passes)
+                c = self._costs[_batch(perf)]
+                c["target"].add(perf["verify_s"] / passes)
                 o = _overhead_per_pass(perf, passes)
                 if o is not None:
-                    self._base_overhead.add(o)
+                    c["base_other"].add(o)
                 self._update()
 
     def _update(self) -> None:
@@ -172,13 +184,16 @@ class RoutingPolicy:
     def _break_even(self) -> float | None:
         if self.min_rate is not None:
             return self.min_rate
-        d, v = self._draft_per_token.value, self._verify_per_pass.value
+        c = self._costs.get(self._batch)
+        if c is None:
+            return None
+        d, v = c["draft"].value, c["verify"].value
         if d is None or v is None:
             return None
-        t = self._target_step.value or v
-        k = max(1, round(self._draft_len.value or self.max_draft_len))
-        o_s = self._spec_overhead.value or 0.0
-        o_b = self._base_overhead.value if self._base_overhead.value is not None else o_s
+        t = c["target"].value or v  # no baseline request at this batch size yet: the verify pass stands in
+        k = max(1, round(c["draft_len"].value or self.max_draft_len))
+        o_s = c["spec_other"].value or 0.0
+        o_b = c["base_other"].value if c["base_other"].value is not None else o_s
         t, v = t + o_b, v + o_s  # a plain token and a speculative pass, each with its fixed cost
         alpha = break_even_acceptance(d / t, k, v / t)
         return acceptance_rate_at(alpha, k)
