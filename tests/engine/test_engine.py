@@ -608,3 +608,18 @@ def test_generate_cli_prints_one_json_object(tiny_models):
     assert bad.exit_code == 2 and "--draft-weight-only" in bad.output
     bad = CliRunner().invoke(main, ["generate", "--target", t, "--method", "ngram", "--compile-draft", "--prompt", "x"])
     assert bad.exit_code == 2 and "--compile-draft" in bad.output
+
+
+def test_low_bit_linears_give_each_row_the_same_bits_in_any_batch():
+    """Speculation is lossless only if a verify pass over K+1 tokens gives each token exactly what
+    a one-token step gives it: torch's INT8 and INT4 weight kernels must be row-invariant."""
+    from trtspec.speculative.model import Int4Linear, Int8Linear
+
+    torch.manual_seed(0)
+    w = torch.randn(256, 384)
+    amax = w.view(256, 3, 128).abs().amax(-1).reshape(-1)
+    x = torch.randn(6, 384).bfloat16().float()
+    for lin in (Int8Linear(w, None), Int4Linear(w, None, amax)):
+        one = torch.cat([lin.forward(x[i:i + 1]) for i in range(6)])
+        for m in (2, 3, 5, 6):
+            assert torch.equal(lin.forward(x[:m]), one[:m]), (type(lin).__name__, m)
