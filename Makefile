@@ -46,7 +46,7 @@ lint: $(STAMP)
 # tiers: tests/unit (no trained models, no server), tests/engine (the trained tiny pair),
 # tests/serving (a real tritonserver), tests/pipeline (trtspec run end to end)
 test: lint
-	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests
+	$(PYTHON) -m pytest -q --durations=20 --basetemp="$(CURDIR)/.pytest_tmp" tests
 
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/unit
