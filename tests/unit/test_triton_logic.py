@@ -117,6 +117,21 @@ def test_break_even_compares_costs_at_the_same_batch_size():
     assert batched < 0.6 and not p.fallback_active
 
 
+def test_mean_batch_reaches_perf_json_per_request_and_summed():
+    """The router's batch bucket comes from ``mean_batch``: rows per pass, per request and summed."""
+    from trtspec.speculative.stats import Aggregate, RequestStats
+
+    one, four = RequestStats(), RequestStats()
+    for _ in range(3):
+        one.record_step(drafted=4, accepted=2, draft_s=0.001, verify_s=0.002, batch=1)
+    four.record_step(drafted=4, accepted=4, draft_s=0.001, verify_s=0.002, batch=4)
+    assert one.to_dict()["mean_batch"] == 1.0 and four.to_dict()["mean_batch"] == 4.0
+    agg = Aggregate()
+    agg.add(one)
+    agg.add(four)
+    assert agg.to_dict()["mean_batch"] == pytest.approx(7 / 4, abs=1e-3)
+
+
 def test_acceptance_rate_at():
     assert acceptance_rate_at(1.0, 4) == 1.0
     assert acceptance_rate_at(0.5, 2) == pytest.approx((0.5 + 0.25) / 2)

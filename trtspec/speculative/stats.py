@@ -16,11 +16,18 @@ from trtspec.acceptance import expected_speedup
 
 
 class _Acceptance:
-    """acceptance rate and length from ``drafted``, ``accepted`` and ``steps`` (target passes)."""
+    """acceptance rate and length from ``drafted``, ``accepted`` and ``steps`` (target passes);
+    the mean batch of those passes from ``batch_rows``."""
 
     drafted: int
     accepted: int
     steps: int
+    batch_rows: int
+
+    @property
+    def mean_batch(self) -> float:
+        """Rows per target pass, averaged over the passes (the router compares costs at equal batch)."""
+        return self.batch_rows / self.steps if self.steps else 0.0
 
     @property
     def acceptance_rate(self) -> float:
@@ -97,7 +104,7 @@ class RequestStats(_Acceptance):
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_length": round(self.acceptance_length, 4),
             "target_passes": self.steps,
-            "mean_batch": round(self.batch_rows / self.steps, 3) if self.steps else 0.0,
+            "mean_batch": round(self.mean_batch, 3),
             "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
@@ -120,6 +127,7 @@ class Aggregate(_Acceptance):
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    batch_rows: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
     tokens_per_step: collections.Counter = field(default_factory=collections.Counter)
@@ -133,6 +141,7 @@ class Aggregate(_Acceptance):
         self.drafted += s.drafted
         self.accepted += s.accepted
         self.steps += s.steps
+        self.batch_rows += s.batch_rows
         self.draft_s += s.draft_s
         self.verify_s += s.verify_s
         self.tokens_per_step.update(s.tokens_per_step)
@@ -157,7 +166,7 @@ class Aggregate(_Acceptance):
             "acceptance_rate": round(self.acceptance_rate, 4),
             "acceptance_length": round(self.acceptance_length, 4),
             "target_passes": self.steps,
-            "mean_batch": round(self.batch_rows / self.steps, 3) if self.steps else 0.0,
+            "mean_batch": round(self.mean_batch, 3),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance()],
             "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
             "draft_s": round(self.draft_s, 4),
