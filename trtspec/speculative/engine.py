@@ -89,6 +89,11 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _ema(old: float | None, x: float, a: float = 0.1) -> float:
+    """Exponential moving average of the step costs (the first sample starts it)."""
+    return x if old is None else (1 - a) * old + a * x
+
+
 class Engine:
     def __init__(
         self,
@@ -342,22 +347,15 @@ class Engine:
 
     def _measure(self, draft_s: float, verify_s: float, K: int, drafted: int) -> None:
         """EMA of the costs the adaptive controller and `tune` need."""
-        a = 0.1
-
-        def ema(old, x):
-            return x if old is None else (1 - a) * old + a * x
-
         if K == 0:
-            self.cost["target_step"] = ema(self.cost["target_step"], verify_s)
+            self.cost["target_step"] = _ema(self.cost["target_step"], verify_s)
         else:
-            self.cost["verify"][K] = ema(self.cost["verify"].get(K), verify_s)
+            self.cost["verify"][K] = _ema(self.cost["verify"].get(K), verify_s)
             if drafted:
-                self.cost["draft_token"] = ema(self.cost["draft_token"], draft_s / K)
+                self.cost["draft_token"] = _ema(self.cost["draft_token"], draft_s / K)
 
     def _measure_overhead(self, overhead_s: float) -> None:
-        o = self.cost["overhead"]
-        x = max(0.0, overhead_s)
-        self.cost["overhead"] = x if o is None else 0.9 * o + 0.1 * x
+        self.cost["overhead"] = _ema(self.cost["overhead"], max(0.0, overhead_s))
 
     def _cost_ratio(self) -> float | None:
         d, t = self.cost["draft_token"], self.cost["target_step"] or self._estimate_target_step()
