@@ -13,7 +13,6 @@ What this cannot show is that a real CUDA fault surfaces as that message (torch'
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import pytest
 
@@ -23,9 +22,8 @@ from trtspec.speculative.faults import DEVICE_ERROR
 from trtspec.triton.launch.server import TritonServer
 from trtspec.triton.launch.watchdog import WatchdogSettings
 from trtspec.triton.procs import stubs_of
-from trtspec.triton.render import inputs_from_recipe, render_repository
 
-from tests.serving.test_triton_serving import tiny_recipe
+from tests.serving.test_triton_serving import render_with_fault, tiny_recipe
 
 PROMPT = "def fibonacci(n):\n    "
 
@@ -33,9 +31,7 @@ PROMPT = "def fibonacci(n):\n    "
 @pytest.fixture(scope="module")
 def server(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("device-error")
-    inp = inputs_from_recipe(parse_recipe(tiny_recipe(*tiny_models)))
-    inp = replace(inp, runtime_spec=replace(inp.runtime_spec, extra={"fault_injection": "device_error"}))
-    render_repository(inp, root / "repo")
+    render_with_fault(parse_recipe(tiny_recipe(*tiny_models)), root / "repo", "device_error")
     with TritonServer(root / "repo", workdir=root / "server", ready_timeout=240,
                       watchdog=WatchdogSettings(interval_s=0.3, probe_every_s=None, load_timeout_s=180,
                                                 max_reloads=10)) as s:

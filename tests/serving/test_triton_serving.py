@@ -7,6 +7,7 @@ process group and is always stopped.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from tritonclient.utils import InferenceServerException
 from tests.serving.triton_stream import generate, generate_many, metric, metrics, raw_stream
 
 from trtspec.config import parse_recipe
-from trtspec.triton.render import TEMPLATES, inputs_from_recipe, package, render_model, rounds_plan
+from trtspec.triton.render import TEMPLATES, inputs_from_recipe, package, render_model, render_repository, rounds_plan
 from trtspec.triton.launch.server import TritonServer
 
 MAX_TOKENS = 24
@@ -37,6 +38,13 @@ def tiny_recipe(target, draft, **runtime) -> dict:
         "serving": {"max_queue_size": 64},
         "validation": {"max_tokens": MAX_TOKENS},
     }
+
+
+def render_with_fault(recipe, out, fault: str) -> None:
+    """Render ``recipe``'s repository with the speculative engine's fault-injection switch set
+    (``RuntimeSpec.extra["fault_injection"]``, trtspec.speculative.faults): never a recipe field."""
+    inp = inputs_from_recipe(recipe)
+    render_repository(replace(inp, runtime_spec=replace(inp.runtime_spec, extra={"fault_injection": fault})), out)
 
 
 @pytest.fixture(scope="module")

@@ -6,25 +6,22 @@ outputs diverge from ordinary decoding, show where, and exit 1 (keep the baselin
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 
 import pytest
 import yaml
 from click.testing import CliRunner
+from tests.serving.test_triton_serving import render_with_fault
 from tests.serving.test_validate_server import tiny_recipe
 
 from trtspec.cli import main
 from trtspec.config import parse_recipe
-from trtspec.triton.render import inputs_from_recipe, render_repository
 from trtspec.triton.launch.server import TritonServer
 
 
 @pytest.fixture(scope="module")
 def faulty_url(tiny_models, tmp_path_factory):
     root = tmp_path_factory.mktemp("validate-fault")
-    inp = inputs_from_recipe(parse_recipe(tiny_recipe(*tiny_models)))
-    inp = replace(inp, runtime_spec=replace(inp.runtime_spec, extra={"fault_injection": "accept_all"}))
-    render_repository(inp, root / "repo")
+    render_with_fault(parse_recipe(tiny_recipe(*tiny_models)), root / "repo", "accept_all")
     with TritonServer(root / "repo", workdir=root / "server", ready_timeout=240) as s:
         yield s.endpoints.grpc
 
