@@ -30,26 +30,26 @@ import torch
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+sys.path.insert(0, str(ROOT / "scripts"))
+# the pair, and one request's decode rate, as scripts/bench_vs_llamacpp.py counts them
+from bench_vs_llamacpp import DRAFT, TARGET, decode_rate  # noqa: E402
 
 
-def decode_rate(engine, prompts, max_new: int) -> tuple[float, list[list[int]], float | None]:
-    """Decode tokens/s (tokens after the first over the time after the first), outputs, acceptance."""
+def measure(engine, prompts, max_new: int) -> tuple[float, list[list[int]], float | None]:
+    """Decode tokens/s over ``prompts`` (tokens after the first over the time after the first),
+    the outputs, and the acceptance rate (None without drafting)."""
     from trtspec.sampling import Sampling
+    from trtspec.speculative.stats import Aggregate
 
     params = Sampling(max_tokens=max_new, ignore_eos=True)
-    n = 0
-    t = 0.0
-    outs, acc, drafted = [], 0, 0
+    outs, toks, secs, agg = [], 0, 0.0, Aggregate()
     for p in prompts:
         g = engine.generate([p], params)[0]
-        s = g.stats
-        n += len(g.token_ids) - 1
-        t += s.total_s - s.queue_s - s.prefill_s
+        t, sec = decode_rate(g.stats)
+        toks, secs = toks + t, secs + sec
         outs.append(list(g.token_ids))
-        acc += s.accepted
-        drafted += s.drafted
-    return n / t, outs, (acc / drafted if drafted else None)
+        agg.add(g.stats)
+    return toks / secs, outs, (agg.acceptance_rate if agg.drafted else None)
 
 
 def profile_passes(engine, k: int, rows: int = 12) -> list[dict]:
@@ -115,8 +115,8 @@ def main() -> int:
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             plain = Engine(target, None, max_batch_size=1, max_seq_len=1024)
-            rate, ref, _ = decode_rate(plain, prompts[:1], 8)  # warm-up
-            rate, ref, _ = decode_rate(plain, prompts, args.max_new_tokens)
+            rate, ref, _ = measure(plain, prompts[:1], 8)  # warm-up
+            rate, ref, _ = measure(plain, prompts, args.max_new_tokens)
             row = {"target": fmt if fmt != "none" else "bf16", "draft": "-", "k": 0, "threads": threads,
                    "tok_s": round(rate, 2), "acceptance": None, "equal_to_plain": True}
             rows.append(row)
@@ -125,7 +125,7 @@ def main() -> int:
                 for k in (int(x) for x in args.ks.split(",")):
                     eng = Engine(target, DraftModelProposer(draft, 1, 1100), max_draft_len=k, max_batch_size=1,
                                  max_seq_len=1024)
-                    r, outs, acc = decode_rate(eng, prompts, args.max_new_tokens)
+                    r, outs, acc = measure(eng, prompts, args.max_new_tokens)
                     row = {"target": fmt if fmt != "none" else "bf16", "draft": dname, "k": k, "threads": threads,
                            "tok_s": round(r, 2), "acceptance": round(acc, 3) if acc is not None else None,
                            "equal_to_plain": outs == ref}
