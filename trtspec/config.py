@@ -90,6 +90,13 @@ class Calibration(Strict):
 class Quantization(Strict):
     format: QuantFormat = "none"
     kv_cache: KVCacheFormat = "none"
+    lm_head: Literal["none", "int8_wo"] = Field(
+        "none",
+        description="torch export only: also quantize the LM head, INT8 weight-only per output channel "
+        "(ModelOpt's formats leave it unquantized; llama.cpp's Q4_K_M keeps it at 6 bits). On a 1.5B target with "
+        "a 150k vocabulary the bf16 head is a third of a decode step; INT8 halves its bytes and, on torch's "
+        "INT8 kernel, gives every row the same bits in any batch (see runtime.batch_invariant)",
+    )
     calibration: Calibration = Calibration()
     force: bool = Field(False, description="build even a combination known to fail upstream")
 
@@ -478,6 +485,14 @@ class RuntimeConfig(Strict):
         "prints it), with the checkpoint's own INT8 values and scales; ModelOpt's fake-quant elsewhere. "
         "emulated: always ModelOpt's fake-quant (its reference numerics; slower than the unquantized model). "
         "Ordinary decoding beside speculation runs on the same kernels, so equivalence compares like with like",
+    )
+    batch_invariant: bool = Field(
+        False,
+        description="torch runtime: every row of a verify pass (and of a batch of requests at different "
+        "lengths) gets the attention it would get decoded alone, one attention call per query row, so a token "
+        "does not depend on how many others share its pass. With row-invariant linears (torch's INT8/INT4 weight "
+        "kernels, the LM head included: quantization.lm_head int8_wo) speculative output is then bit-identical to "
+        "plain decoding of the same deployed target in bf16; costs one attention call per query row and layer",
     )
     adaptive: Adaptive = Adaptive()
     trtllm: TrtllmOptions = TrtllmOptions()

@@ -201,7 +201,12 @@ def check_quantization(recipe: Recipe, report: CheckReport) -> None:
             kernels = quantized_kernels_for(fmt, recipe.runtime.device, recipe.runtime.quantized_kernels)
             if q.kv_cache != "none" and "fake-quant" not in kernels:  # the KV quantizers need the fake-quant model
                 kernels = quantized_kernels_for(fmt, recipe.runtime.device, "emulated") + " (the KV-cache format needs it)"
+            if q.lm_head != "none":
+                kernels += f"; LM head {q.lm_head}" + ("" if "fake-quant" in kernels else " on INT8 weights (Int8Linear)")
             report.add(f"kernels:{role}", "info", f"{fmt} in the torch runtime runs on {kernels}")
+        if q.lm_head != "none" and backend != "torch":
+            refuse(f"quantization.lm_head={q.lm_head!r} is run by trtspec's torch runtime only",
+                   "set quantization.lm_head: none for a TRT-LLM runtime")
         if q.kv_cache != "none" and backend == "torch":
             report.add(f"quantization:{role}", "warn", f"kv_cache={q.kv_cache!r}: the torch runtime rounds K/V to {q.kv_cache} with the calibrated scales (fake-quant) but stores them in {recipe.runtime.dtype}, so the cache takes no less memory here")
     if not problems:

@@ -52,8 +52,10 @@ def quantized_target(tiny_models, tmp_path_factory):
         if fmt == "nvfp4" and not nvfp4_backend_available():
             pytest.skip("this ModelOpt has no custom quantization backends: NVFP4 on CPU needs 0.47 "
                         "(test_nvfp4_on_cpu_needs_custom_backends checks the error)")
-        if fmt not in done:
-            q = make_quantization(fmt, KV.get(fmt, "none"), calib_size=4, calib_seq_len=64)
+        if fmt not in done:  # FMT+int8_head: quantization.lm_head int8_wo as well
+            base, _, head = fmt.partition("+")
+            q = make_quantization(base, KV.get(base, "none"), calib_size=4, calib_seq_len=64,
+                                  lm_head="int8_wo" if head == "int8_head" else "none")
             done[fmt] = quantize_model(target, q, "torch", root / f"target-{fmt}", pair=draft, quality=FAST)
         return done[fmt]
 
@@ -232,6 +234,61 @@ def test_int4_target_runs_on_int4_kernels_with_the_checkpoints_own_values(fmt, q
         a, b = native(x, None), emulated(x, None)
     assert (a - b).abs().max() < 0.05 * float(b.abs().max())  # bf16 activations in the INT4 kernel
     assert (a.argmax(-1) == b.argmax(-1)).float().mean() > 0.97
+
+
+def test_int8_lm_head_under_an_int4_body_makes_speculation_bit_identical(quantized_target):
+    """quantization.lm_head int8_wo: ModelOpt quantizes the LM head too (its own INT8 values and
+    per-channel ranges, read back from its fake-quant grid), the native model runs it on
+    Int8Linear under an INT4 body, and with runtime.batch_invariant the bf16 target's speculative
+    greedy output is token for token its plain greedy output (every linear row-invariant, the
+    attention per query row; tests/unit/test_batch_invariance.py shows what that changes at
+    Qwen2.5's attention shape, where the tiny target's would not show it)."""
+    from transformers import AutoTokenizer
+
+    from trtspec.prompts import stdlib_snippets
+    from trtspec.quantize.runtime import load_quantized
+    from trtspec.sampling import Sampling
+    from trtspec.speculative.engine import Engine
+    from trtspec.speculative.model import Int4Linear, Int8Linear
+    from trtspec.speculative.proposers import DraftModelProposer
+
+    res = quantized_target("int4_wo+int8_head")
+    m = json.loads((res.out_dir / "trtspec.json").read_text())
+    assert m["lm_head"] == "int8_wo" and m["format"] == "int4_wo"
+    assert m["key"] != quantized_target("int4_wo").manifest["key"]  # a different artifact, not a cache hit
+    assert {"quantizer_name": "*lm_head*weight_quantizer", "cfg": {"num_bits": 8, "axis": 0}} in m["modelopt_config"]["quant_cfg"]
+    native, emulated = load_quantized(res.out_dir), load_quantized(res.out_dir, kernels="emulated")
+    assert native.weight_only == "int4" and isinstance(native.model.layers[0].mlp.down_proj, Int4Linear)
+    head = native.lm_head
+    assert isinstance(head, Int8Linear)
+    folded = emulated.lm_head.weight  # ModelOpt's fake-quantized head: q * amax / 127 per output channel
+    assert torch.equal(head.qweight.float(), torch.round(folded * (127.0 / folded.abs().amax(1))[:, None]))
+
+    native = load_quantized(res.out_dir, dtype=torch.bfloat16).batch_invariant_(True)  # as deployed on CPU
+    draft = load_quantized(quantized_target("int8_wo").out_dir, dtype=torch.bfloat16)  # a different model: real rejections
+    tok = AutoTokenizer.from_pretrained(str(res.out_dir))
+    prompts = [tok(p, add_special_tokens=False)["input_ids"][:32] for p in stdlib_snippets(3)]
+    params = Sampling(max_tokens=24, ignore_eos=True)
+    plain = Engine(native, None, max_batch_size=3, max_seq_len=72).generate(prompts, params)
+    spec = Engine(native, DraftModelProposer(draft, 3, 80), max_draft_len=4, max_batch_size=3,
+                  max_seq_len=72).generate(prompts, params)
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    assert 0 < sum(g.stats.accepted for g in spec) < sum(g.stats.drafted for g in spec)
+
+
+def test_lm_head_is_refused_where_the_torch_runtime_does_not_run_it(tiny_models, tmp_path):
+    from trtspec.cli import main
+
+    with pytest.raises(ConfigError, match=r"quantization\.lm_head.*torch runtime only") as e:
+        check_combination("int4_awq", export="hf", lm_head="int8_wo")
+    assert "--export torch" in e.value.fix
+    with pytest.raises(ConfigError, match=r"quantization\.lm_head.*int4"):
+        make_quantization("int4_wo", lm_head="int4")
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["quantize", "--model", str(tiny_models[1]), "--format", "int4_wo", "--lm-head",
+                                  "int8_wo", "--export", "trtllm", "-o", str(out)])
+    assert r.exit_code == 2 and "quantization.lm_head" in r.output, r.output
+    _no_leftovers(out)
 
 
 def test_nvfp4_cpu_emulation_equals_modelopt_real_quantization():

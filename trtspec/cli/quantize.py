@@ -13,12 +13,12 @@ from trtspec.quantize import QualitySettings, make_quantization, quantize_model
 from trtspec.cli.common import OptionGroup, err, handle_errors, out, with_groups
 
 
-def _quantization(fmt, kv_cache, calib, calib_split, calib_column, calib_size, calib_seq_len, force):
+def _quantization(fmt, kv_cache, lm_head, calib, calib_split, calib_column, calib_size, calib_seq_len, force):
     return make_quantization(fmt, kv_cache, calib=calib, calib_size=calib_size, calib_seq_len=calib_seq_len,
-                             calib_split=calib_split, calib_column=calib_column, force=force)
+                             calib_split=calib_split, calib_column=calib_column, force=force, lm_head=lm_head)
 
 
-# --format, --kv-cache, --calib*, --force → the Quantization (format, KV cache, calibration set)
+# --format, --kv-cache, --lm-head, --calib*, --force → the Quantization (format, KV cache, LM head, calibration set)
 QUANTIZATION = OptionGroup("quantization", _quantization)
 
 
@@ -39,6 +39,8 @@ QUALITY = OptionGroup("quality", _quality)
 @QUANTIZATION.option("--format", "fmt", required=True,
                      help="fp8 | int8_sq | int8_wo | int4_wo | int4_awq | w4a8_awq | nvfp4")
 @QUANTIZATION.option("--kv-cache", default="none", show_default=True, help="KV-cache quantization: none | fp8 | int8.")
+@QUANTIZATION.option("--lm-head", default="none", show_default=True,
+                     help="LM head: none (ModelOpt's default: unquantized) | int8_wo (INT8 weight-only; --export torch).")
 @QUANTIZATION.option("--calib", default="builtin", show_default=True,
                      help="Calibration source: builtin (stdlib sources, tiny models), cnn_dailymail, pileval, a Hugging Face "
                           "dataset id org/name, a local dataset folder, or a .jsonl ({\"text\": ...}) / text file "
@@ -107,6 +109,7 @@ def quantize(model_dir, quantization, export, out_dir, pair, role, gpu_arch, dty
     m = res.manifest
     algo = m.get("quant_algo") or res.format
     kv = f", KV cache {m.get('kv_cache_quant_algo') or res.kv_cache}" if res.kv_cache != "none" else ""
+    kv += f", LM head {m['lm_head']}" if m.get("lm_head", "none") != "none" else ""
     out.print(f"[green]quantized[/] {model_dir} ({res.role}) → {res.out_dir}: {res.export} export, {algo}{kv}, "
               f"ModelOpt {m['modelopt_version']}, calibration {m['calibration']['size']}×{m['calibration']['seq_len']} tokens")
     if res.quality is None:

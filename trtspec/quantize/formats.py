@@ -58,6 +58,18 @@ KV_CACHE: dict[str, list[dict[str, Any]]] = {
     "int8": [{"quantizer_name": "*[kv]_bmm_quantizer", "cfg": {"num_bits": 8, "axis": None}}],
 }
 
+# quantization.lm_head: rules appended after the format's (which disable "*lm_head*"); weights only,
+# the head's input stays unquantized. int8_wo: ModelOpt's INT8_WEIGHT_ONLY_CFG weight rule
+LM_HEAD: dict[str, list[dict[str, Any]]] = {
+    "int8_wo": [{"quantizer_name": "*lm_head*weight_quantizer", "cfg": {"num_bits": 8, "axis": 0}}],
+}
+
+
+def check_lm_head(lm_head: str, *, field: str = "quantization.lm_head") -> str:
+    if lm_head not in ("none", *LM_HEAD):
+        raise ConfigError(field, lm_head, "unknown LM-head format", fix=f"use one of: none, {', '.join(LM_HEAD)}")
+    return lm_head
+
 
 def check_format(fmt: str, *, field: str = "quantization.format") -> Format:
     if fmt not in FORMATS:
@@ -71,8 +83,8 @@ def check_kv_cache(kv: str, *, field: str = "quantization.kv_cache") -> str:
     return kv
 
 
-def modelopt_config(fmt: str, kv_cache: str = "none", *, nvfp4_cpu: bool = False) -> dict[str, Any]:
-    """A fresh ModelOpt quantization config for ``fmt`` (+ KV cache rules)."""
+def modelopt_config(fmt: str, kv_cache: str = "none", *, nvfp4_cpu: bool = False, lm_head: str = "none") -> dict[str, Any]:
+    """A fresh ModelOpt quantization config for ``fmt`` (+ KV cache and LM head rules)."""
     import modelopt.torch.quantization as mtq
 
     f = check_format(fmt)
@@ -94,6 +106,8 @@ def modelopt_config(fmt: str, kv_cache: str = "none", *, nvfp4_cpu: bool = False
                 c["backend"] = NVFP4_CPU_BACKEND
     if check_kv_cache(kv_cache) != "none":
         cfg["quant_cfg"] = list(cfg["quant_cfg"]) + copy.deepcopy(KV_CACHE[kv_cache])
+    if check_lm_head(lm_head) != "none":
+        cfg["quant_cfg"] = list(cfg["quant_cfg"]) + copy.deepcopy(LM_HEAD[lm_head])
     return cfg
 
 
@@ -109,6 +123,7 @@ def check_combination(
     export: str = "torch",
     gpu_arch: str = "any",
     force: bool = False,
+    lm_head: str = "none",
 ) -> list[str]:
     """Refuse combinations known to fail upstream; return warnings for the rest.
 
@@ -123,6 +138,13 @@ def check_combination(
         raise ConfigError("role", role, "unknown role", fix=f"use one of: {', '.join(ROLES)}")
     if gpu_arch not in GPU_ARCHS:
         raise ConfigError("gpu_arch", gpu_arch, "unknown GPU family", fix=f"use one of: {', '.join(GPU_ARCHS)}")
+    if check_lm_head(lm_head) != "none" and (export != "torch" or role == "eagle3_head"):
+        raise ConfigError(
+            "quantization.lm_head", lm_head,
+            "a quantized LM head is run by trtspec's torch runtime only (a torch export of a target or draft); "
+            "TRT-LLM quantizes its LM head in the body's format (quantize.py --quantize_lm_head)",
+            fix="set quantization.lm_head: none for this export, or use --export torch",
+        )
     if role == "eagle3_head" and export == "trtllm":
         raise ConfigError(
             "export", export,

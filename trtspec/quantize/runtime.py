@@ -231,13 +231,15 @@ def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
     INT4 in blocks of 128 (``int4_wo``, ``int4_awq`` with its activation pre-scales) on
     :class:`~trtspec.speculative.model.Int4Linear`. Built from the checkpoint's own weights and
     ranges (``amax``): the integer values are those ModelOpt's fake-quant computes with (read back
-    from its output), no second quantization. None when the checkpoint quantizes anything this
+    from its output), no second quantization. A quantized LM head (``quantization.lm_head``) runs
+    on its own width (INT8 under an INT4 body). None when the checkpoint quantizes anything this
     path cannot run (activations, the KV cache, other widths or blocks, a partly quantized layer,
     shapes torch's INT4 kernel refuses): the caller then keeps the fake-quant model."""
     amax: dict[str, torch.Tensor] = {}
     pqs: dict[str, torch.Tensor] = {}  # AWQ: the activations' per-channel factor
     quantized: dict[str, torch.nn.Module] = {}  # name → ModelOpt's quantized linear
-    bits = set()
+    bits = set()  # the decoder layers' width (one)
+    head_bits = None  # the LM head's, where quantized
     for name, mod in qmodel.named_modules():
         for q in ("output_quantizer", "k_bmm_quantizer", "v_bmm_quantizer", "q_bmm_quantizer", "p_bmm_quantizer"):
             if getattr(getattr(mod, q, None), "is_enabled", False):
@@ -251,11 +253,15 @@ def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
         if wq.amax is None:
             return None
         if wq.num_bits == 8 and wq.axis == 0 and not wq.block_sizes:
-            bits.add(8)
+            width = 8
         elif wq.num_bits == 4 and _blocks_of(wq) == INT4_GROUP:
-            bits.add(4)
+            width = 4
         else:
             return None
+        if name == "lm_head":  # quantization.lm_head: its own width (INT8 under an INT4 body)
+            head_bits = width
+        else:
+            bits.add(width)
         amax[name] = wq.amax
         if getattr(iq, "pre_quant_scale", None) is not None:
             pqs[name] = iq.pre_quant_scale
@@ -297,7 +303,7 @@ def native_weight_only(qmodel: CausalLM, args: ModelArgs) -> CausalLM | None:
                             INT4_GROUP)
         if "lm_head" in amax:
             grid_of("lm_head", model.lm_head)
-            model.lm_head = (Int8Linear(model.lm_head.weight, None, amax["lm_head"]) if width == 8 else
+            model.lm_head = (Int8Linear(model.lm_head.weight, None, amax["lm_head"]) if head_bits == 8 else
                              Int4Linear(model.lm_head.weight, None, amax["lm_head"], INT4_GROUP, pqs.get("lm_head")))
     except ModelError:  # a shape torch's INT4 kernel does not take
         return None

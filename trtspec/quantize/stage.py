@@ -46,6 +46,7 @@ from trtspec.quantize.formats import (
     check_combination,
     check_format,
     check_kv_cache,
+    check_lm_head,
     export_for_runtime,
     modelopt_config,
 )
@@ -228,7 +229,7 @@ def _export(qmodel, export: str, tmp: pathlib.Path, *, model_dir: pathlib.Path, 
 def make_quantization(
     format: str, kv_cache: str = "none", *, calib: str = "builtin", calib_size: int | None = None,
     calib_seq_len: int | None = None, calib_split: str | None = None, calib_column: str | None = None,
-    force: bool = False,
+    force: bool = False, lm_head: str = "none",
 ) -> Quantization:
     """A validated :class:`trtspec.config.Quantization` from plain values (CLI, scripts);
     problems raise ``ConfigError`` naming the recipe field. Sizes left ``None`` take the
@@ -237,10 +238,11 @@ def make_quantization(
 
     check_format(format)
     check_kv_cache(kv_cache)
+    check_lm_head(lm_head)
     given = {"dataset": calib, "size": calib_size, "seq_len": calib_seq_len, "split": calib_split,
              "column": calib_column}
     try:
-        return Quantization(format=format, kv_cache=kv_cache, force=force,
+        return Quantization(format=format, kv_cache=kv_cache, force=force, lm_head=lm_head,
                             calibration=Calibration(**{k: v for k, v in given.items() if v is not None}))
     except ValidationError as e:
         err = e.errors(include_url=False)[0]
@@ -311,7 +313,9 @@ def quantize_model(
         role = "eagle3_head"
     else:
         role = _resolve_role(role, model_dir, pair_dir)
-    warnings = check_combination(fmt, kv, role=role, export=export, gpu_arch=gpu_arch, force=quantization.force)
+    lm_head = quantization.lm_head
+    warnings = check_combination(fmt, kv, role=role, export=export, gpu_arch=gpu_arch, force=quantization.force,
+                                 lm_head=lm_head)
     _check_calibration(quantization.calibration)
     _check_out_dir(out, model_dir, pair_dir)
     dtype = _resolve_dtype(dtype, pair_cfg if is_head else cfg)
@@ -328,6 +332,8 @@ def quantize_model(
         "calibration": quantization.calibration.model_dump(), "force": quantization.force,
         "quality": quality.to_dict() if quality is not None else None,
     }
+    if lm_head != "none":  # only when set: artifacts made before the field existed keep their key
+        request["lm_head"] = lm_head
     key = hash_json(request)[:16]
     if reuse:
         old = maybe_manifest(out)
@@ -367,7 +373,7 @@ def quantize_model(
 
         t0 = time.perf_counter()
         with quiet(log):
-            qcfg = modelopt_config(fmt, kv, nvfp4_cpu=dev.type == "cpu")
+            qcfg = modelopt_config(fmt, kv, nvfp4_cpu=dev.type == "cpu", lm_head=lm_head)
             work.calibrate(qcfg, calib.ids.to(dev), progress)
         phase("calibrate_s", t0)
         if calib.ids.shape[0] < cal.size:
@@ -397,7 +403,7 @@ def quantize_model(
             timings["total_s"] = round(time.perf_counter() - t_start, 2)
             manifest = write_manifest(
                 tmp, "quantized",
-                export=export, format=fmt, kv_cache=kv, role=role, key=key,
+                export=export, format=fmt, kv_cache=kv, lm_head=lm_head, role=role, key=key,
                 source={"path": str(model_dir.resolve()), "sha256": request["source_sha256"], "architecture": arch},
                 modelopt_version=modelopt.__version__,
                 modelopt_config=qcfg,

@@ -394,13 +394,14 @@ def load_eagle3_head(
     if lm is not None:
         # a copy of the target's LM head (ModelOpt writes one): a cheap "made for this target"
         # check, tolerant of dtype rounding (bf16 export of an fp32 target and the reverse)
-        ref = target.lm_head.weight.detach().float().cpu()
+        head = target.lm_head  # an INT8 copy where the target's LM head is quantized (quantization.lm_head)
+        ref = (head.dequantized() if isinstance(head, Int8Linear) else head.weight).detach().float().cpu()
         if lm.shape != ref.shape or (lm.float() - ref).abs().max() > 1e-2 * ref.abs().max():
             raise ModelError(f"{folder}: the head's lm_head.weight differs from the target's: it was trained "
                              "for another target (or the target was changed since)",
                              fix="train the head on this target (trtspec models eagle3)")
-    dtype = dtype or target.lm_head.weight.dtype
-    device = device or target.lm_head.weight.device
+    dtype = dtype or target.model.embed_tokens.weight.dtype
+    device = device or target.model.embed_tokens.weight.device
     head = Eagle3Head(cfg, target.model.embed_tokens, target.lm_head)
     missing, unexpected = head.load_state_dict(state, strict=False)
     if missing or unexpected:

@@ -286,6 +286,8 @@ class Step:
         self.uniform = len(set(self.starts)) == 1
         self.contiguous_rows = self.rows == list(range(self.rows[0], self.rows[0] + len(self.rows)))
         self.kv_len = max(self.starts) + self.T  # keys a query may need to see
+        # every row continues a sequence already in the cache (a decode or verify pass, not a prefill)
+        self.continuing = min(self.starts) > 0
 
 
 def step_inputs(step: Step, B: int, T: int, cos_t: torch.Tensor, sin_t: torch.Tensor, *, cached: bool):
@@ -315,6 +317,23 @@ def step_inputs(step: Step, B: int, T: int, cos_t: torch.Tensor, sin_t: torch.Te
     return cos, sin, mask, index
 
 
+def attention_per_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int],
+                      gqa: bool) -> torch.Tensor:
+    """Causal attention of ``q`` [B, H, T, D] (row ``b``'s queries at ``starts[b] …``) over
+    ``keys``/``values`` [B, Hkv, S, D], one query at a time over exactly the keys it sees: the
+    call a one-token step makes for that token. torch's fused kernel with a mask over a longer key
+    range adds the same terms in another order (a last-bit difference in bf16 that can flip a
+    near-tie later), so a batched pass is not bitwise the steps it replaces; this is."""
+    B, _, T, _ = q.shape
+    out = torch.empty_like(q)
+    for b in range(B):
+        for t in range(T):
+            n = starts[b] + t + 1
+            out[b : b + 1, :, t : t + 1] = F.scaled_dot_product_attention(
+                q[b : b + 1, :, t : t + 1], keys[b : b + 1, :, :n], values[b : b + 1, :, :n], enable_gqa=gqa)
+    return out
+
+
 class Attention(nn.Module):
     def __init__(self, a: ModelArgs):
         super().__init__()
@@ -325,6 +344,7 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(a.num_attention_heads * a.head_dim, a.hidden_size, bias=False)
         # see CausalLM.fuse_: (weight, bias) of q|k|v in one matmul, or that matmul in INT8
         self.fused: tuple[torch.Tensor, torch.Tensor | None] | Int8Linear | None = None
+        self.batch_invariant = False  # see CausalLM.batch_invariant_
 
     def _qkv(self, x: torch.Tensor) -> torch.Tensor:
         """q|k|v in one tensor [..., (H + 2 Hkv) D]: the fused matmul (fp or INT8), else the three
@@ -364,9 +384,12 @@ class Attention(nn.Module):
             v_cache[rows_idx, heads, pos_idx] = v
             rows = rows_idx[:, 0, 0]
             keys, values = k_cache[rows, :, :S], v_cache[rows, :, :S]
-        out = F.scaled_dot_product_attention(
-            q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
-        )  # [B, H, T, D]
+        if self.batch_invariant and step.continuing and B * T > 1:
+            out = attention_per_row(q, keys, values, step.starts, self.n_kv != self.n_heads)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
+            )  # [B, H, T, D]
         return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
     def decode_one(self, x, cos, sin, k_cache, v_cache, rows, pos, keep):
@@ -441,6 +464,7 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope_len = 0
         self.weight_only: str | None = None  # "int8" after quantize_weight_only_
+        self.batch_invariant = False  # see batch_invariant_
         self.decode = None  # compiled decode_one after compile_decode_
 
     # ---- rope tables (HF convention: cos/sin of cat(freqs, freqs))
@@ -518,6 +542,18 @@ class CausalLM(nn.Module):
         else:  # the embedding keeps its fp weights; the head gets its own INT8 copy
             self.lm_head = Int8Linear(self.model.embed_tokens.weight, None)
         self.weight_only = "int8"
+        return self
+
+    def batch_invariant_(self, on: bool = True) -> "CausalLM":
+        """``runtime.batch_invariant``: in decode and verify passes (not a request's prefill, which
+        runs alone and the same way every time) each query row attends through
+        :func:`attention_per_row`, so its attention output is the one it gets in a one-token step,
+        bit for bit, whatever else shares the pass. Together with row-invariant linears (torch's
+        INT8/INT4 weight kernels, LM head included) a token's logits then do not depend on the pass
+        it was computed in: speculative decoding emits exactly what plain decoding does. Returns self."""
+        for layer in self.model.layers:
+            layer.self_attn.batch_invariant = on
+        self.batch_invariant = on
         return self
 
     def unfuse_(self) -> "CausalLM":

@@ -74,6 +74,7 @@ def build_engine(spec: RuntimeSpec) -> Engine:
     if not os.path.isdir(spec.target):
         raise ModelError(f"target model folder not found: {spec.target}", fix="check the path")
     target = load_model(spec.target, dtype, device, quantized_kernels=spec.runtime.quantized_kernels)
+    target.batch_invariant_(spec.runtime.batch_invariant)
     proposer = None
     if spec.method != "none":
         module, func = SPEC_METHODS[spec.method].proposer.split(":")  # the method's proposer factory

@@ -31,7 +31,8 @@ SPEC_VERSION = 2
 # The engine's defaults differ from a recipe's in one place: adaptive drafting is off unless asked for.
 TorchRuntime = section_subset(
     "TorchRuntime", RuntimeConfig,
-    ("dtype", "device", "torch_threads", "draft_weight_only", "compile_draft", "quantized_kernels", "adaptive"),
+    ("dtype", "device", "torch_threads", "draft_weight_only", "compile_draft", "quantized_kernels", "batch_invariant",
+     "adaptive"),
     adaptive=Adaptive(enabled=False))
 TorchLimits = section_subset("TorchLimits", Limits, ("max_batch_size", "max_seq_len"))
 
