@@ -157,6 +157,16 @@ def quantized_target(models: pathlib.Path, fmt: str) -> pathlib.Path:
     return out
 
 
+def release_freed_memory() -> None:
+    """Hand the heap's freed pages back to the OS (glibc keeps them for reuse otherwise)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc
+        pass
+
+
 def decode_rate(stats) -> tuple[int, float]:
     """(tokens after the first, seconds after the first token) of one request."""
     return stats.generated - 1, max(stats.total_s - stats.ttft_s, 1e-9)
@@ -293,10 +303,14 @@ def main() -> int:
     if not args.no_served:
         fmt = next(f for f in formats if best_spec["config"].endswith(label.get(f, f)))
         folder = targets[fmt][0]
+        # the in-process models go before the server's engine workers load theirs (the target in two
+        # workers, the draft in a third): with them still here, 2 × 1.5B targets loading at once ran
+        # a 24 GB machine out of memory. `run` is the loop's last closure, which holds a target
         configs.clear()
-        targets.clear()  # the in-process models go: the server's two engine workers load the target each
-        del draft, ours, theirs
+        targets.clear()
+        del draft, ours, theirs, run
         gc.collect()
+        release_freed_memory()
         served = serve_and_measure(models, folder, fmt, prompts_text, prompts, runs, label, args)
     llama_best = max((r for r in rows if r["config"].startswith("llama.cpp")), key=lambda r: r["tok_s_best"],
                      default=None)

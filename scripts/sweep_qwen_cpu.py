@@ -9,9 +9,10 @@ torch threads; plain decoding of each target is the baseline and the reference i
 output must equal. Then one torch.profiler pass over a 1-token target step, a (K+1)-token verify
 pass and a draft step of the fastest configuration: the top operators by self CPU time.
 
-    .venv/bin/python scripts/sweep_qwen_cpu.py [--ks 1,2,3,4] [--threads 1,2] [--formats none,int4_wo]
+    .venv/bin/python scripts/sweep_qwen_cpu.py [--ks 1,2,3,4] [--threads 1,2] [--formats none,int4_wo,int4_wo+int8_head]
 
-Needs `trtspec models qwen --out models` (and `trtspec quantize` exports for the formats).
+Needs `trtspec models qwen --out models`; the ModelOpt exports are made once where missing
+(``FMT+int8_head``: the LM head in INT8 too, run with ``runtime.batch_invariant``).
 Writes bench/results/qwen_cpu_sweep.{json,md}.
 """
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "scripts"))
 # the pair, and one request's decode rate, as scripts/bench_vs_llamacpp.py counts them
-from bench_vs_llamacpp import DRAFT, TARGET, decode_rate  # noqa: E402
+from bench_vs_llamacpp import DRAFT, HEAD, TARGET, decode_rate, quantized_target  # noqa: E402
 
 
 def measure(engine, prompts, max_new: int) -> tuple[float, list[list[int]], float | None]:
@@ -80,7 +81,7 @@ def profile_passes(engine, k: int, rows: int = 12) -> list[dict]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=str(ROOT / "models"))
-    ap.add_argument("--formats", default="int4_wo,none")
+    ap.add_argument("--formats", default=f"int4_wo{HEAD},int4_wo,none")
     ap.add_argument("--ks", default="1,2,3,4")
     ap.add_argument("--threads", default="2,1")
     ap.add_argument("--drafts", default="int8", help="draft weights: int8 (INT8 kernels), bf16, or both")
@@ -107,11 +108,9 @@ def main() -> int:
     drafts = {d: load_model(str(models / DRAFT), torch.bfloat16, torch.device("cpu"),
                             weight_only="int8" if d == "int8" else "none") for d in args.drafts.split(",")}
     for fmt in args.formats.split(","):
-        folder = models / TARGET if fmt == "none" else models / f"{TARGET}-{fmt}-torch"
-        if not folder.is_dir():
-            print(f"skip {fmt}: {folder} not found (trtspec quantize ... --format {fmt})", flush=True)
-            continue
-        target = load_model(str(folder), torch.bfloat16, torch.device("cpu"))
+        folder = models / TARGET if fmt == "none" else quantized_target(models, fmt)  # made once where missing
+        # FMT+int8_head: the LM head in INT8 too, batch-invariant (the lossless recipe)
+        target = load_model(str(folder), torch.bfloat16, torch.device("cpu")).batch_invariant_(fmt.endswith(HEAD))
         for threads in (int(t) for t in args.threads.split(",")):
             torch.set_num_threads(threads)
             plain = Engine(target, None, max_batch_size=1, max_seq_len=1024)

@@ -320,17 +320,24 @@ def step_inputs(step: Step, B: int, T: int, cos_t: torch.Tensor, sin_t: torch.Te
 def attention_per_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int],
                       gqa: bool) -> torch.Tensor:
     """Causal attention of ``q`` [B, H, T, D] (row ``b``'s queries at ``starts[b] …``) over
-    ``keys``/``values`` [B, Hkv, S, D], one query at a time over exactly the keys it sees: the
-    call a one-token step makes for that token. torch's fused kernel with a mask over a longer key
-    range adds the same terms in another order (a last-bit difference in bf16 that can flip a
-    near-tie later), so a batched pass is not bitwise the steps it replaces; this is."""
-    B, _, T, _ = q.shape
+    ``keys``/``values`` [B, Hkv, S, D], one query at a time over exactly the keys it sees, in fp32
+    (scores, softmax and the weighted sum; the result in ``q``'s dtype). A query's output is then
+    a function of its own values only: the same bits in a one-token step, in a verify pass of K+1
+    tokens, or beside other rows at other lengths. torch's fused kernel with a mask over a longer
+    key range adds the same terms in another order (a last-bit difference in bf16 that can flip a
+    near-tie later). For one query this is also cheaper than the fused kernel's setup on CPU."""
+    B, H, T, D = q.shape
+    Hkv = keys.shape[1]
+    G = H // Hkv if gqa else 1  # query heads per KV head
+    scale = D**-0.5
     out = torch.empty_like(q)
     for b in range(B):
         for t in range(T):
             n = starts[b] + t + 1
-            out[b : b + 1, :, t : t + 1] = F.scaled_dot_product_attention(
-                q[b : b + 1, :, t : t + 1], keys[b : b + 1, :, :n], values[b : b + 1, :, :n], enable_gqa=gqa)
+            qi = q[b, :, t].float().reshape(Hkv, G, D)  # [Hkv, G, D]
+            k, v = keys[b, :, :n].float(), values[b, :, :n].float()  # [Hkv, n, D]
+            p = torch.softmax(torch.bmm(qi, k.transpose(1, 2)) * scale, dim=-1)  # [Hkv, G, n]
+            out[b, :, t] = torch.bmm(p, v).reshape(H, D).to(out.dtype)
     return out
 
 
@@ -384,7 +391,7 @@ class Attention(nn.Module):
             v_cache[rows_idx, heads, pos_idx] = v
             rows = rows_idx[:, 0, 0]
             keys, values = k_cache[rows, :, :S], v_cache[rows, :, :S]
-        if self.batch_invariant and step.continuing and B * T > 1:
+        if self.batch_invariant and step.continuing:  # the one-token step too: the same function
             out = attention_per_row(q, keys, values, step.starts, self.n_kv != self.n_heads)
         else:
             out = F.scaled_dot_product_attention(
