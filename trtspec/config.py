@@ -488,11 +488,11 @@ class RuntimeConfig(Strict):
     )
     batch_invariant: bool = Field(
         False,
-        description="torch runtime: every row of a verify pass (and of a batch of requests at different "
-        "lengths) gets the attention it would get decoded alone, one attention call per query row, so a token "
-        "does not depend on how many others share its pass. With row-invariant linears (torch's INT8/INT4 weight "
-        "kernels, the LM head included: quantization.lm_head int8_wo) speculative output is then bit-identical to "
-        "plain decoding of the same deployed target in bf16; costs one attention call per query row and layer",
+        description="torch runtime: decode and verify passes compute attention one query at a time over exactly "
+        "its keys, in fp32, as a one-token step does, so a token's logits do not depend on how many others share "
+        "its pass (a verify pass, a batch of requests at different lengths). With row-invariant linears (torch's "
+        "INT8/INT4 weight kernels, the LM head included: quantization.lm_head int8_wo) speculative output is then "
+        "bit-identical to plain decoding of the same deployed target in bf16 (docs/quantization.md)",
     )
     adaptive: Adaptive = Adaptive()
     trtllm: TrtllmOptions = TrtllmOptions()
