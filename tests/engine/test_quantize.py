@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
+from tests.greedy import plain_and_speculative
 from trtspec.config import ModelSpec
 from trtspec.errors import ConfigError, ModelError, StageError
 from trtspec.quantize import (
@@ -145,10 +146,7 @@ def test_quantized_target_speculative_greedy_equals_plain(fmt, quantized_target,
     from transformers import AutoTokenizer
 
     from trtspec.prompts import stdlib_snippets
-    from trtspec.speculative.engine import Engine
-    from trtspec.speculative.proposers import DraftModelProposer
     from trtspec.speculative.runtime import load_model
-    from trtspec.sampling import Sampling
 
     from trtspec.config import NATIVE_KERNELS
     from trtspec.speculative.model import Int4Linear, Int8Linear
@@ -162,10 +160,7 @@ def test_quantized_target_speculative_greedy_equals_plain(fmt, quantized_target,
     draft = load_model(str(draft_dir), torch.float32, torch.device("cpu"))
     tok = AutoTokenizer.from_pretrained(str(out))  # the export carries the tokenizer
     prompts = [tok(p, add_special_tokens=False)["input_ids"][:32] for p in stdlib_snippets(2)]
-    params = Sampling(max_tokens=14, ignore_eos=True)
-    plain = Engine(target, None, max_batch_size=2, max_seq_len=64).generate(prompts, params)
-    spec = Engine(target, DraftModelProposer(draft, 2, 72), max_draft_len=4, max_batch_size=2,
-                  max_seq_len=64).generate(prompts, params)
+    plain, spec = plain_and_speculative(target, draft, prompts, max_tokens=14, max_seq_len=64)
     assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
     assert sum(g.stats.accepted for g in spec) > 0
 
@@ -247,10 +242,7 @@ def test_int8_lm_head_under_an_int4_body_makes_speculation_bit_identical(quantiz
 
     from trtspec.prompts import stdlib_snippets
     from trtspec.quantize.runtime import load_quantized
-    from trtspec.sampling import Sampling
-    from trtspec.speculative.engine import Engine
     from trtspec.speculative.model import Int4Linear, Int8Linear
-    from trtspec.speculative.proposers import DraftModelProposer
 
     res = quantized_target("int4_wo+int8_head")
     m = json.loads((res.out_dir / "trtspec.json").read_text())
@@ -268,10 +260,7 @@ def test_int8_lm_head_under_an_int4_body_makes_speculation_bit_identical(quantiz
     draft = load_quantized(quantized_target("int8_wo").out_dir, dtype=torch.bfloat16)  # a different model: real rejections
     tok = AutoTokenizer.from_pretrained(str(res.out_dir))
     prompts = [tok(p, add_special_tokens=False)["input_ids"][:32] for p in stdlib_snippets(3)]
-    params = Sampling(max_tokens=24, ignore_eos=True)
-    plain = Engine(native, None, max_batch_size=3, max_seq_len=72).generate(prompts, params)
-    spec = Engine(native, DraftModelProposer(draft, 3, 80), max_draft_len=4, max_batch_size=3,
-                  max_seq_len=72).generate(prompts, params)
+    plain, spec = plain_and_speculative(native, draft, prompts, max_tokens=24, max_seq_len=72)
     assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
     assert 0 < sum(g.stats.accepted for g in spec) < sum(g.stats.drafted for g in spec)
 

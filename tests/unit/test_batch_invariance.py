@@ -104,18 +104,13 @@ def test_per_row_attention_is_the_masked_attention():
 def test_speculative_greedy_equals_plain_with_a_self_draft(model):
     """The engine end to end: the model drafting for itself (acceptance 1 in exact arithmetic,
     the longest verify passes) emits exactly its plain greedy tokens."""
-    from trtspec.sampling import Sampling
-    from trtspec.speculative.engine import Engine
-    from trtspec.speculative.proposers import DraftModelProposer
+    from tests.greedy import plain_and_speculative
 
     model.batch_invariant_(True)
     try:
         g = torch.Generator().manual_seed(3)
         prompts = [torch.randint(0, ARGS.vocab_size, (n,), generator=g).tolist() for n in (19, 30)]
-        params = Sampling(max_tokens=24, ignore_eos=True)
-        plain = Engine(model, None, max_batch_size=2, max_seq_len=96).generate(prompts, params)
-        spec = Engine(model, DraftModelProposer(model, 2, 104), max_draft_len=4, max_batch_size=2,
-                      max_seq_len=96).generate(prompts, params)
+        plain, spec = plain_and_speculative(model, model, prompts, max_tokens=24, max_seq_len=96)
         assert [s.token_ids for s in spec] == [p.token_ids for p in plain]
         assert sum(s.stats.accepted for s in spec) > 0
     finally:

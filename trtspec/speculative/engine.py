@@ -117,7 +117,7 @@ class Engine:
         self.max_draft_len = max_draft_len if proposer is not None else 0
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
-        self.device = target.model.embed_tokens.weight.device  # the LM head may be an INT8 module
+        self.device = next(target.parameters()).device  # not lm_head.weight: the LM head may be an INT8 module
         self.eos_token_id = eos_token_id if eos_token_id is not None else target.args.eos_token_id
         # head room: a verify pass writes K+1 positions past the committed length
         self.cache = target.new_cache(max_batch_size, max_seq_len + self.max_draft_len + 2)
