@@ -317,6 +317,25 @@ def step_inputs(step: Step, B: int, T: int, cos_t: torch.Tensor, sin_t: torch.Te
     return cos, sin, mask, index
 
 
+_CUDA_SDPA = None  # the fused backends a CUDA decode step uses (see attention)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
+    """``F.scaled_dot_product_attention``, on CUDA without the cuDNN backend: torch 2.11 picks
+    cuDNN for bf16 on an H200, and cuDNN builds an execution plan for every new key length, which
+    a decode step is: the tiny pair's bf16 plain decoding ran at 77 tok/s against 484 in fp32
+    (scripts/check_cuda.py). Flash / memory-efficient / math are what it falls back to."""
+    global _CUDA_SDPA
+    if not q.is_cuda:
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    if _CUDA_SDPA is None:
+        _CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    with sdpa_kernel(_CUDA_SDPA):
+        return F.scaled_dot_product_attention(q, k, v, **kw)
+
+
 def attention_per_row(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, starts: list[int],
                       gqa: bool) -> torch.Tensor:
     """Causal attention of ``q`` [B, H, T, D] (row ``b``'s queries at ``starts[b] …``) over
@@ -376,7 +395,7 @@ class Attention(nn.Module):
             q = q * cos + rotate_half(q) * sin  # cos/sin: [B, 1, T, D]
             k = k * cos + rotate_half(k) * sin
         if k_cache is None:  # training / scoring a whole sequence: plain causal attention
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
+            out = attention(q, k, v, is_causal=True, enable_gqa=self.n_kv != self.n_heads)
             return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
         S = step.kv_len
         if step.uniform and step.contiguous_rows:
@@ -394,9 +413,7 @@ class Attention(nn.Module):
         if self.batch_invariant and step.continuing:  # the one-token step too: the same function
             out = attention_per_row(q, keys, values, step.starts, self.n_kv != self.n_heads)
         else:
-            out = F.scaled_dot_product_attention(
-                q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads
-            )  # [B, H, T, D]
+            out = attention(q, keys, values, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)  # [B, H, T, D]
         return _linear(self.o_proj, out.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))
 
     def decode_one(self, x, cos, sin, k_cache, v_cache, rows, pos, keep):
