@@ -25,11 +25,10 @@ import warnings
 from typing import Iterator
 
 import torch
-import torch.nn.functional as F
 
 from trtspec.errors import ModelError
 from trtspec.config import NATIVE_KERNELS
-from trtspec.speculative.model import (Attention, CausalLM, Int4Linear, Int8Linear, ModelArgs, int4_layer_,
+from trtspec.speculative.model import (Attention, CausalLM, Int4Linear, Int8Linear, ModelArgs, attention, int4_layer_,
                                        quantize_layer_weight_only_, read_hf_config, rotate_half)
 from trtspec.manifest import read_manifest
 from trtspec.quantize import nvfp4_cpu
@@ -93,7 +92,7 @@ def _quant_attention_cls():
             k = k * cos + rotate_half(k) * sin
             q, k, v = self.q_bmm_quantizer(q), self.k_bmm_quantizer(k), self.v_bmm_quantizer(v)
             if k_cache is None:
-                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
+                out = attention(q, k, v, is_causal=True, enable_gqa=Hkv != H)
                 return self.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
             # cache writes/reads exactly as Attention.forward (see its KV-cache invariant)
             S = step.kv_len
@@ -109,7 +108,7 @@ def _quant_attention_cls():
                 v_cache[rows_idx, heads, pos_idx] = v
                 rows = rows_idx[:, 0, 0]
                 keys, values = k_cache[rows, :, :S], v_cache[rows, :, :S]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=Hkv != H)
+            out = attention(q, keys, values, attn_mask=mask, enable_gqa=Hkv != H)
             return self.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
 
     return QuantAttention

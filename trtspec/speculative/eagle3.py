@@ -36,11 +36,10 @@ import pathlib
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from trtspec.errors import ModelError
-from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step,
+from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step, attention,
                                        quantize_layer_weight_only_, rotate_half, step_inputs)
 from trtspec.speculative.loaders import loader_for
 from trtspec.speculative.proposers import Proposal
@@ -312,7 +311,7 @@ class Eagle3Head(nn.Module):
         blocks = [i[None, :] <= (i[:, None] - s)]  # step 0: keys at positions <= anchor
         blocks += [i[None, :] == (i[:, None] - s + t) for t in range(1, s + 1)]  # chain steps
         mask = torch.cat(blocks, dim=1)  # [T, (s+1)T]; the t = s block is the diagonal, never empty
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, enable_gqa=Hkv != H)
+        out = attention(q, keys, values, attn_mask=mask, enable_gqa=Hkv != H)
         x = feature + at.o_proj(out.transpose(1, 2).reshape(B, T, H * D))
         return x + layer.mlp(layer.post_attention_layernorm(x)), (k, v)
 
