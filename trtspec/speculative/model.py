@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trtspec.errors import ModelError
 
@@ -317,7 +318,8 @@ def step_inputs(step: Step, B: int, T: int, cos_t: torch.Tensor, sin_t: torch.Te
     return cos, sin, mask, index
 
 
-_CUDA_SDPA = None  # the fused backends a CUDA decode step uses (see attention)
+# the fused backends CUDA attention may use: all but cuDNN (see attention)
+_CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.Tensor:
@@ -325,13 +327,8 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw) -> torch.
     cuDNN for bf16 on an H200, and cuDNN builds an execution plan for every new key length, which
     a decode step is: the tiny pair's bf16 plain decoding ran at 77 tok/s against 484 in fp32
     (scripts/check_cuda.py). Flash / memory-efficient / math are what it falls back to."""
-    global _CUDA_SDPA
     if not q.is_cuda:
         return F.scaled_dot_product_attention(q, k, v, **kw)
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    if _CUDA_SDPA is None:
-        _CUDA_SDPA = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
     with sdpa_kernel(_CUDA_SDPA):
         return F.scaled_dot_product_attention(q, k, v, **kw)
 
@@ -488,7 +485,6 @@ class CausalLM(nn.Module):
             self.lm_head.weight = self.model.embed_tokens.weight
         self._rope_len = 0
         self.weight_only: str | None = None  # "int8" after quantize_weight_only_
-        self.batch_invariant = False  # see batch_invariant_
         self.decode = None  # compiled decode_one after compile_decode_
 
     # ---- rope tables (HF convention: cos/sin of cat(freqs, freqs))
@@ -576,8 +572,7 @@ class CausalLM(nn.Module):
         INT8/INT4 weight kernels, LM head included) a token's logits then do not depend on the pass
         it was computed in: speculative decoding emits exactly what plain decoding does. Returns self."""
         for layer in self.model.layers:
-            layer.self_attn.batch_invariant = on
-        self.batch_invariant = on
+            layer.self_attn.batch_invariant = on  # the attention layers hold it: they are what it changes
         return self
 
     def unfuse_(self) -> "CausalLM":
