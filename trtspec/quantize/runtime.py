@@ -208,7 +208,7 @@ def load_quantized(
     prepare_modelopt()
     model = empty_causal_lm(args, dtype)  # in the serving dtype from the start: one copy of the weights
     with quiet():
-        model = mto.restore(model, str(state), mmap=True)  # file-backed: the checkpoint is not a second copy in memory
+        model = mto.restore(model, str(state))
         model = model.to(device=device, dtype=dtype)
         dev = torch.device(device).type
         if kernels == "native" and (m.get("format"), dev) in NATIVE_KERNELS:
