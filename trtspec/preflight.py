@@ -204,9 +204,13 @@ def check_quantization(recipe: Recipe, report: CheckReport) -> None:
             if q.lm_head != "none":
                 kernels += f"; LM head {q.lm_head}" + ("" if "fake-quant" in kernels else " on INT8 weights (Int8Linear)")
             report.add(f"kernels:{role}", "info", f"{fmt} in the torch runtime runs on {kernels}")
-        if q.lm_head != "none" and backend != "torch":
-            refuse(f"quantization.lm_head={q.lm_head!r} is run by trtspec's torch runtime only",
-                   "set quantization.lm_head: none for a TRT-LLM runtime")
+        if q.lm_head != "none" and backend != "torch":  # not forceable: the quantize stage cannot export it
+            problems += 1
+            report.add(f"quantization:{role}", "fail",
+                       f"{field_name.replace('.format', '.lm_head')}={q.lm_head!r}: a quantized LM head is run by "
+                       f"trtspec's torch runtime only; runtime.backend is {backend!r}",
+                       fix="set quantization.lm_head: none for a TRT-LLM runtime (TRT-LLM quantizes its LM head in "
+                           "the body's format: --quantize_lm_head)")
         if q.kv_cache != "none" and backend == "torch":
             report.add(f"quantization:{role}", "warn", f"kv_cache={q.kv_cache!r}: the torch runtime rounds K/V to {q.kv_cache} with the calibrated scales (fake-quant) but stores them in {recipe.runtime.dtype}, so the cache takes no less memory here")
     if not problems:

@@ -146,3 +146,26 @@ def test_relative_paths_resolve_against_recipe_folder(tmp_path):
     (sub / "r.yaml").write_text(yaml.safe_dump(with_("target.model", "../models/t")))
     r = load_recipe(sub / "r.yaml")
     assert r.target.model == str((tmp_path / "models" / "t").resolve())
+
+
+@pytest.mark.parametrize("backend", ["torch", "trtllm-pytorch", "trtllm-engine"])
+def test_lm_head_is_checked_against_the_runtime(backend):
+    """`trtspec check`: quantization.lm_head names its own field where the runtime cannot run it
+    (refused whatever ``force`` says: the quantize stage could not export it), and on the torch
+    runtime the kernels line says where the head runs."""
+    from trtspec.preflight import CheckReport, check_quantization
+
+    recipe = parse_recipe({
+        "name": "lmh", "target": {"model": "t", "quantization": {"format": "int4_awq", "lm_head": "int8_wo",
+                                                                  "force": True}},
+        "speculation": {"method": "ngram"}, "runtime": {"backend": backend},
+    })
+    report = CheckReport(recipe="lmh")
+    check_quantization(recipe, report)
+    failed = [c for c in report.checks if c.status == "fail"]
+    if backend == "torch":
+        assert not failed
+        assert any(c.name == "kernels:target" and "LM head int8_wo on INT8 weights" in c.detail for c in report.checks)
+    else:
+        assert len(failed) == 1 and failed[0].detail.startswith("target.quantization.lm_head='int8_wo'")
+        assert backend in failed[0].detail and "lm_head: none" in failed[0].fix
