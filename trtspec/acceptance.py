@@ -14,6 +14,12 @@ import math
 from dataclasses import dataclass
 
 
+def ema(old: float | None, x: float, a: float) -> float:
+    """Exponential moving average with weight ``a`` on the new sample ``x`` (the first sample
+    starts it): how the engine and the router keep the costs the formulas below take."""
+    return x if old is None else (1 - a) * old + a * x
+
+
 @dataclass
 class TuneRow:
     """One row of the max_draft_len recommendation (torch runtime or trtllm-bench)."""

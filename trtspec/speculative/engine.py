@@ -27,6 +27,7 @@ from typing import Callable
 
 import torch
 
+from trtspec.acceptance import ema
 from trtspec.errors import TrtspecError, one_line
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
@@ -89,9 +90,9 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _ema(old: float | None, x: float, a: float = 0.1) -> float:
-    """Exponential moving average of the step costs (the first sample starts it)."""
-    return x if old is None else (1 - a) * old + a * x
+def _ema(old: float | None, x: float) -> float:
+    """The step costs' moving average (weight 0.1 on the new sample)."""
+    return ema(old, x, 0.1)
 
 
 class Engine:

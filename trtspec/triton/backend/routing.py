@@ -28,7 +28,7 @@ from __future__ import annotations
 import collections
 import threading
 from dataclasses import dataclass
-from trtspec.acceptance import break_even_acceptance
+from trtspec.acceptance import break_even_acceptance, ema
 
 
 def acceptance_rate_at(alpha: float, k: int) -> float:
@@ -50,7 +50,7 @@ class _Ema:
         self.a, self.value = a, None
 
     def add(self, x: float) -> None:
-        self.value = x if self.value is None else (1 - self.a) * self.value + self.a * x
+        self.value = ema(self.value, x, self.a)
 
 
 def _batch(perf: dict) -> int:
