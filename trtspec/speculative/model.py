@@ -128,12 +128,28 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", q.clamp_(-127, 127).to(torch.int8).contiguous())
         self.register_buffer("scales", scales)
         self.bias = None if bias is None else bias.detach().clone()
+        self.packed = None  # trtspec's CPU layout (kernels/wo_cpu.cpp), made on first use; False: torch's kernel
+
+    def _pack(self):
+        from trtspec.speculative.kernels import wo_cpu
+        kernel = wo_cpu()
+        out_f, in_f = self.qweight.shape
+        if kernel is None or out_f % 4 or in_f % 64:
+            self.packed = False
+        else:
+            self.packed = (kernel, kernel.pack(self.qweight, 8), self.scales.float()[:, None].contiguous())
+        return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.qweight.is_cpu:
-            y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+            packed = self.packed if self.packed is not None else self._pack()
+            if packed:
+                kernel, w, scales = packed
+                y = kernel.mm(x2, w, scales, w.shape[1] // 4, 8)
+            else:
+                y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
         else:
             y = F.linear(x2, self.qweight.to(torch.bfloat16)) * self.scales
         y = y.to(x.dtype).view(*lead, -1)
@@ -173,10 +189,16 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else bias.detach().clone()
 
     def _pack(self):
-        q = (self.qweight.to(torch.int32) + 8).contiguous()
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
-        zeros = torch.zeros_like(self.scales)
-        self.packed = (packed, torch.stack([self.scales.t(), zeros.t()], dim=-1).contiguous())
+        from trtspec.speculative.kernels import wo_cpu
+        kernel = wo_cpu()
+        if kernel is not None and self.qweight.shape[0] % 4 == 0 and self.group % 64 == 0:
+            # trtspec's AVX512-BF16 kernel (kernels/wo_cpu.cpp)
+            self.packed = (kernel, kernel.pack(self.qweight, 4), self.scales.float().contiguous())
+        else:
+            q = (self.qweight.to(torch.int32) + 8).contiguous()
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+            zeros = torch.zeros_like(self.scales)
+            self.packed = (None, packed, torch.stack([self.scales.t(), zeros.t()], dim=-1).contiguous())
         return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -185,8 +207,11 @@ class Int4Linear(nn.Module):
             x = x * self.pre_quant_scale.to(x.dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.qweight.is_cpu:
-            packed, scales_zeros = self.packed or self._pack()
-            y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group, scales_zeros)
+            kernel, packed, scales = self.packed or self._pack()
+            if kernel is not None:
+                y = kernel.mm(x2, packed, scales, self.group, 4)
+            else:
+                y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group, scales)
         else:
             out_f, in_f = self.qweight.shape
             w = (self.qweight.view(out_f, in_f // self.group, self.group).to(torch.bfloat16)
