@@ -21,15 +21,17 @@ install: $(STAMP)
 QUIET_PIP := 2>&1 | { grep -v "^WARNING: Location '.*' is ignored" || true; }; test $${PIPESTATUS[0]} -eq 0
 # Each step says what it does and how long it took on the 2-core reference box (README).
 $(STAMP): pyproject.toml
-	@echo "[install 1/4] venv $(VENV) and pip (about 10 s)"
+	@echo "[install 1/5] venv $(VENV) and pip (about 10 s)"
 	@test -x $(PYTHON) || $(PY) -m venv $(VENV)
 	@$(PYTHON) -m pip install -q -U pip $(QUIET_PIP)
-	@echo "[install 2/4] torch 2.13.0, the CPU build (about 30 s)"
+	@echo "[install 2/5] torch 2.13.0, the CPU build (about 30 s)"
 	@# torch first, pinned: the CPU build lies on local disk; an unpinned torch pulls a multi-GB CUDA build.
 	@$(PYTHON) -m pip install -q torch==2.13.0 $(QUIET_PIP)
-	@echo "[install 3/4] trtspec[all,dev]: ModelOpt, transformers, tritonserver (nvidia-pytriton), tritonclient (about 80 s)"
+	@echo "[install 3/5] trtspec[all,dev]: ModelOpt, transformers, tritonserver (nvidia-pytriton), tritonclient (about 80 s)"
 	@$(PYTHON) -m pip install -q -e ".[all,dev]" $(QUIET_PIP)
-	@echo "[install 4/4] done: $(TRTSPEC)"
+	@echo "[install 4/5] trtspec's CPU weight-only kernels: compiled once, cached (about 35 s; skipped on a CPU without AVX512-BF16)"
+	@$(PYTHON) -c 'from trtspec.speculative.kernels import wo_cpu_status; print("      INT4/INT8 layers on CPU:", wo_cpu_status())'
+	@echo "[install 5/5] done: $(TRTSPEC)"
 	@rm -f $(VENV)/.installed-*
 	@touch $(STAMP)
 

@@ -490,7 +490,7 @@ class RuntimeConfig(Strict):
         False,
         description="torch runtime: decode and verify passes compute attention one query at a time over exactly "
         "its keys, in fp32, as a one-token step does, so a token's logits do not depend on how many others share "
-        "its pass (a verify pass, a batch of requests at different lengths). With row-invariant linears (torch's "
+        "its pass (a verify pass, a batch of requests at different lengths). With row-invariant linears (the "
         "INT8/INT4 weight kernels, the LM head included: quantization.lm_head int8_wo) speculative output is then "
         "bit-identical to plain decoding of the same deployed target in bf16 (docs/quantization.md)",
     )
@@ -501,12 +501,14 @@ class RuntimeConfig(Strict):
 # what a quantized weight format runs on in the torch runtime, per device, when
 # runtime.quantized_kernels is native (anything else: ModelOpt's fake-quant, "emulated")
 NATIVE_KERNELS: dict[tuple[str, str], str] = {
-    ("int8_wo", "cpu"): "INT8 weights, aten._weight_int8pack_mm (bf16 activations)",
+    ("int8_wo", "cpu"): "INT8 weights, trtspec's wo_cpu kernel on an AVX512-BF16 CPU, else aten._weight_int8pack_mm "
+                        "(bf16 activations)",
     ("int8_wo", "cuda"): "INT8 weights, dequantized to bf16 per matmul",
-    ("int4_wo", "cpu"): "INT4 weights (blocks of 128), aten._weight_int4pack_mm_for_cpu (bf16 activations)",
+    ("int4_wo", "cpu"): "INT4 weights (blocks of 128), trtspec's wo_cpu kernel on an AVX512-BF16 CPU, else "
+                        "aten._weight_int4pack_mm_for_cpu (bf16 activations)",
     ("int4_wo", "cuda"): "INT4 weights (blocks of 128), dequantized to bf16 per matmul",
-    ("int4_awq", "cpu"): "INT4 weights (blocks of 128) with AWQ activation scales, "
-                         "aten._weight_int4pack_mm_for_cpu (bf16 activations)",
+    ("int4_awq", "cpu"): "INT4 weights (blocks of 128) with AWQ activation scales, trtspec's wo_cpu kernel on an "
+                         "AVX512-BF16 CPU, else aten._weight_int4pack_mm_for_cpu (bf16 activations)",
     ("int4_awq", "cuda"): "INT4 weights (blocks of 128) with AWQ activation scales, dequantized to bf16 per matmul",
 }
 

@@ -203,6 +203,10 @@ def check_quantization(recipe: Recipe, report: CheckReport) -> None:
                 kernels = quantized_kernels_for(fmt, recipe.runtime.device, "emulated") + " (the KV-cache format needs it)"
             if q.lm_head != "none":
                 kernels += f"; LM head {q.lm_head}" + ("" if "fake-quant" in kernels else " on INT8 weights (Int8Linear)")
+            if "wo_cpu" in kernels:  # which of the two this machine gets
+                from trtspec.speculative.kernels import cpu_flags
+                kernels += ("; this CPU has avx512_bf16: wo_cpu" if "avx512_bf16" in cpu_flags()
+                            else "; this CPU has no avx512_bf16: torch's kernel")
             report.add(f"kernels:{role}", "info", f"{fmt} in the torch runtime runs on {kernels}")
         if q.lm_head != "none" and backend != "torch":  # not forceable: the quantize stage cannot export it
             problems += 1

@@ -1,7 +1,8 @@
 """runtime.batch_invariant: a token's logits do not depend on the pass that computed them.
 
-A small random Qwen2-shaped model in bf16 on torch's INT8 weight kernel (every linear, the LM head
-included: row-invariant), no training needed. With ``batch_invariant_`` a verify pass of K+1
+A small random Qwen2-shaped model in bf16 on INT8 weight kernels (every linear, the LM head
+included: row-invariant), no training needed; once on trtspec's own CPU kernel (where this CPU
+runs it) and once on torch's. With ``batch_invariant_`` a verify pass of K+1
 tokens, and a batch of rows at different lengths, give bit for bit the logits of the one-token
 steps they stand for; the Engine's speculative greedy output then equals its plain output.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from trtspec.speculative import kernels
 from trtspec.speculative.model import CausalLM, Int8Linear, ModelArgs, Step, attention_per_row
 
 # Qwen2.5-1.5B's attention shape (12 query heads, 2 KV heads of 128): at smaller shapes torch's fused
@@ -21,8 +23,19 @@ ARGS = ModelArgs(vocab_size=512, hidden_size=256, intermediate_size=512, num_hid
                  attention_bias=True)
 
 
-@pytest.fixture(scope="module")
-def model() -> CausalLM:
+@pytest.fixture(scope="module", params=["trtspec", "torch"])
+def model(request):
+    """The model on trtspec's CPU kernels (kernels/wo_cpu.cpp) or torch's (TRTSPEC_CPU_KERNELS)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(kernels.ENV, request.param)
+        kernels._load.cache_clear()
+        if request.param == "trtspec" and kernels.wo_cpu() is None:
+            pytest.skip(f"trtspec's CPU kernels do not run here: {kernels.wo_cpu_status()}")
+        yield _model()
+    kernels._load.cache_clear()
+
+
+def _model() -> CausalLM:
     torch.manual_seed(0)
     m = CausalLM(ARGS)
     with torch.no_grad():

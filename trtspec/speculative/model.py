@@ -147,7 +147,11 @@ class Int8Linear(nn.Module):
             packed = self.packed if self.packed is not None else self._pack()
             if packed:
                 kernel, w, scales = packed
-                y = kernel.mm(x2, w, scales, w.shape[1] // 4, 8)
+                if torch.compiler.is_compiling():  # the custom op: one graph (runtime.compile_draft)
+                    from trtspec.speculative.kernels import op
+                    y = op()(x2, w, scales, w.shape[1] // 4, 8)
+                else:
+                    y = kernel.mm(x2, w, scales, w.shape[1] // 4, 8)
             else:
                 y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
         else:
@@ -208,7 +212,10 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.qweight.is_cpu:
             kernel, packed, scales = self.packed or self._pack()
-            if kernel is not None:
+            if kernel is not None and torch.compiler.is_compiling():
+                from trtspec.speculative.kernels import op
+                y = op()(x2, packed, scales, self.group, 4)
+            elif kernel is not None:
                 y = kernel.mm(x2, packed, scales, self.group, 4)
             else:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group, scales)

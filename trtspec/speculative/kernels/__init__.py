@@ -65,8 +65,37 @@ def wo_cpu():
     return _load()[0]
 
 
-def wo_cpu_status() -> str:
-    """Which kernels INT4/INT8 CPU layers get in this process, in words."""
+_OP = None  # torch.ops.trtspec.wo_mm, registered once per process (see op)
+
+
+def op():
+    """``torch.ops.trtspec.wo_mm`` (x, packed, scales, group, bits) -> fp32 [M, N]: the kernel as a
+    torch custom op with a shape function, so ``torch.compile`` (runtime.compile_draft) keeps it in
+    one graph instead of breaking at an opaque call. Eager code calls the module directly (the
+    dispatcher costs a few µs per call). None where the kernels do not run."""
+    global _OP
+    if wo_cpu() is None:
+        return None
+    if _OP is None:
+        import torch
+
+        @torch.library.custom_op("trtspec::wo_mm", mutates_args=())
+        def wo_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+            return wo_cpu().mm(x, packed, scales, group, bits)
+
+        @wo_mm.register_fake
+        def _(x, packed, scales, group, bits):
+            return x.new_empty((x.shape[0], packed.shape[0] * 4), dtype=torch.float32)
+
+        _OP = wo_mm
+    return _OP
+
+
+def wo_cpu_status(*, if_used: bool = False) -> str | None:
+    """Which kernels INT4/INT8 CPU layers get in this process, in words. ``if_used``: None unless
+    a layer has already asked (no build or load just to report)."""
+    if if_used and _load.cache_info().currsize == 0:
+        return None
     module, why = _load()
     if module is not None:
         return "trtspec wo_cpu (AVX512-BF16)"

@@ -305,10 +305,18 @@ class EngineModel:
             f"max_batch_size {spec.limits.max_batch_size}, device {device}"
             + (f", engine loop: {self.background.threads['threads']} torch thread(s) of "
                f"{self.background.threads['configured']}, the faster here" if self.background.threads else "")
+            + (f", INT4/INT8 layers on {kernels}" if (kernels := self._cpu_kernels()) else "")
             + ")")
         if self.background.warm_up_error:
             self.pb.Logger.log_warn(f"{self.name}: the draft's warm-up in the engine thread failed "
                                     f"({self.background.warm_up_error}); the first requests compile it")
+
+    def _cpu_kernels(self) -> str | None:
+        """Which weight-only kernels the engine's quantized CPU layers run on (None: none asked)."""
+        if self.engine_process == "worker":
+            return self.background.info.get("cpu_kernels")
+        from trtspec.speculative.kernels import wo_cpu_status
+        return wo_cpu_status(if_used=True)
 
     def execute(self, requests):
         for request in requests:

@@ -260,7 +260,7 @@ def one_load_at_a_time():
 def serve(conn: Connection) -> int:
     """Build the engine from the first frame's RuntimeSpec, then run it until told to stop (or the
     stub is gone)."""
-    from trtspec.speculative.engine import BackgroundEngine  # lazy: torch, in the worker only (the stub side needs none)
+    from trtspec.speculative.engine import BackgroundEngine, pick_thread_count  # lazy: torch, in the worker only (the stub side needs none)
     from trtspec.speculative.runtime import build_engine  # lazy: as above
     from trtspec.speculative.spec import RuntimeSpec  # lazy: as above
 
@@ -269,7 +269,14 @@ def serve(conn: Connection) -> int:
         spec = RuntimeSpec.from_json(spec_json)
         with one_load_at_a_time():
             engine = build_engine(spec)
-        background = BackgroundEngine(engine, max_queue=max_queue, start=False)
+            # the thread count is timed here too, while no other worker loads (the loads are what
+            # disturbed the reading: see pick_thread_count)
+            try:
+                threads = pick_thread_count(engine)
+            except Exception:  # noqa: BLE001 - keep the configured count, as BackgroundEngine.run does
+                threads = None
+        background = BackgroundEngine(engine, max_queue=max_queue, pick_threads=False, start=False)
+        background.threads = threads
     except Exception as e:  # noqa: BLE001 - reported to the stub, which fails its initialize
         conn.send(("failed", f"{type(e).__name__}: {one_line(e)}"))
         return 1
@@ -317,8 +324,9 @@ def serve(conn: Connection) -> int:
                 return
 
     def started() -> None:
+        from trtspec.speculative.kernels import wo_cpu_status
         info = {"vocab_size": int(engine.target.args.vocab_size), "max_seq_len": int(engine.max_seq_len),
-                "device": str(engine.device), "threads": background.threads,
+                "device": str(engine.device), "threads": background.threads, "cpu_kernels": wo_cpu_status(if_used=True),
                 "warm_up_error": background.warm_up_error, "pid": os.getpid()}
         send(("ready", info))
         threading.Thread(target=read, name="trtspec-worker-commands", daemon=True).start()

@@ -1,0 +1,122 @@
+"""trtspec's CPU weight-only kernels (trtspec/speculative/kernels/wo_cpu.cpp): INT4 in blocks and
+INT8 per row, against the dequantized matmul they stand for; every row's bits independent of the
+rows beside it (what runtime.batch_invariant relies on); the layers use them, and fall back to
+torch's kernels, with the reason, where they cannot run.
+
+Skipped, with the reason, on a CPU without AVX512-BF16 or where the kernels do not build (the
+layers then run torch's kernels, which tests/unit/test_batch_invariance.py also covers).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from trtspec.speculative import kernels
+from trtspec.speculative.model import Int4Linear, Int8Linear
+
+
+@pytest.fixture
+def kernel_choice(monkeypatch):
+    """Set TRTSPEC_CPU_KERNELS (or CXX) for one test: the choice is made once per process, so the
+    cache is cleared before and after."""
+    def choose(**env):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        kernels._load.cache_clear()
+    yield choose
+    monkeypatch.undo()
+    kernels._load.cache_clear()
+
+
+def _ext():
+    ext = kernels.wo_cpu()
+    if ext is None:
+        pytest.skip(f"trtspec's CPU kernels do not run here: {kernels.wo_cpu_status()}")
+    return ext
+
+
+def _reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    n, k = q.shape
+    w = (q.double().view(n, k // group, group) * scales.double()[..., None]).view(n, k)
+    return x.double() @ w.t()
+
+
+@pytest.mark.parametrize("bits,group", [(4, 128), (4, 64), (8, None)])
+@pytest.mark.parametrize("n,k", [(64, 256), (36, 896), (128, 1536)])
+def test_matches_the_dequantized_matmul(bits, group, n, k):
+    ext = _ext()
+    torch.manual_seed(n + k + bits)
+    lo, hi = (-8, 8) if bits == 4 else (-128, 128)  # INT8: every byte value, -128 included
+    q = torch.randint(lo, hi, (n, k), dtype=torch.int8)
+    group = group or k  # INT8: one scale per output row
+    scales = torch.rand(n, k // group) * 0.1 + 1e-3
+    x = torch.randn(5, k).to(torch.bfloat16)
+    y = ext.mm(x, ext.pack(q, bits), scales, group, bits)
+    ref = _reference(x, q, scales, group)
+    assert y.dtype == torch.float32 and y.shape == (5, n)
+    # bf16 x small-integer products are exact in fp32; only fp32 summation rounds
+    assert (y.double() - ref).abs().max() <= 1e-5 * ref.abs().max()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_each_row_is_the_same_bits_in_any_batch(bits):
+    ext = _ext()
+    torch.manual_seed(bits)
+    n, k, group = 96, 512, 128 if bits == 4 else 512
+    q = torch.randint(-8, 8, (n, k), dtype=torch.int8) if bits == 4 else torch.randint(-127, 128, (n, k), dtype=torch.int8)
+    packed, scales = ext.pack(q, bits), torch.rand(n, k // group)
+    x = torch.randn(9, k).to(torch.bfloat16)  # 9 rows: tiles of 4, 4 and 1
+    full = ext.mm(x, packed, scales, group, bits)
+    for m in range(1, 10):
+        part = ext.mm(x[:m], packed, scales, group, bits)
+        assert torch.equal(part, full[:m]), f"{m} rows"
+    for i in range(9):
+        assert torch.equal(ext.mm(x[i : i + 1], packed, scales, group, bits), full[i : i + 1]), f"row {i} alone"
+
+
+def test_refuses_shapes_it_cannot_run():
+    ext = _ext()
+    with pytest.raises(RuntimeError, match="K of 64"):
+        ext.pack(torch.zeros(8, 100, dtype=torch.int8), 4)
+    with pytest.raises(RuntimeError, match="N a multiple of 4"):
+        ext.pack(torch.zeros(6, 128, dtype=torch.int8), 8)
+    packed = ext.pack(torch.zeros(8, 128, dtype=torch.int8), 4)
+    with pytest.raises(RuntimeError, match="bf16"):
+        ext.mm(torch.zeros(1, 128), packed, torch.ones(8, 1), 128, 4)
+    with pytest.raises(RuntimeError, match="scales"):
+        ext.mm(torch.zeros(1, 128, dtype=torch.bfloat16), packed, torch.ones(8, 2), 128, 4)
+
+
+def _layers():
+    torch.manual_seed(0)
+    w8, w4 = torch.randn(64, 256) * 0.02, torch.randn(64, 256) * 0.02
+    return (Int8Linear(w8, torch.randn(64)),
+            Int4Linear(w4, None, w4.abs().view(64, 2, 128).amax(-1)))
+
+
+def test_layers_run_on_it_and_agree_with_torchs_kernels(kernel_choice):
+    _ext()
+    x = torch.randn(3, 256).to(torch.bfloat16)
+    layers = _layers()
+    ours = [lin(x) for lin in layers]
+    assert all(lin.packed and lin.packed[0] is not None for lin in layers)  # (kernel, weights, scales)
+    kernel_choice(TRTSPEC_CPU_KERNELS="torch")
+    assert kernels.wo_cpu() is None and "TRTSPEC_CPU_KERNELS=torch" in kernels.wo_cpu_status()
+    theirs = [lin(x) for lin in _layers()]
+    for a, b in zip(ours, theirs):  # the same grid; the kernels differ only in summation order and rounding
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
+
+
+def test_falls_back_with_the_reason(kernel_choice):
+    kernel_choice(CXX="no-such-compiler-xyz")
+    if "avx512_bf16" not in kernels.cpu_flags():
+        assert "no avx512_bf16" in kernels.wo_cpu_status()
+    else:
+        assert kernels.wo_cpu() is None and "no C++ compiler" in kernels.wo_cpu_status()
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    for lin in _layers():  # the layers still run, on torch's kernels
+        assert lin(x).shape == (2, 64)
+        assert not lin.packed or lin.packed[0] is None
+    kernel_choice(TRTSPEC_CPU_KERNELS="fast")
+    assert "is not one of trtspec, torch" in kernels.wo_cpu_status()
