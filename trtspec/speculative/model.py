@@ -131,9 +131,10 @@ class Int8Linear(nn.Module):
         self.packed = None  # trtspec's CPU layout (kernels/wo_cpu.cpp), made on first use; False: torch's kernel
 
     def _pack(self):
-        from trtspec.speculative.kernels import wo_cpu
+        from trtspec.speculative.kernels import op, wo_cpu
         kernel = wo_cpu()
         out_f, in_f = self.qweight.shape
+        op()  # registers torch.ops.trtspec.wo_mm, what a compiled step calls
         if kernel is None or out_f % 4 or in_f % 64:
             self.packed = False
         else:
@@ -148,8 +149,7 @@ class Int8Linear(nn.Module):
             if packed:
                 kernel, w, scales = packed
                 if torch.compiler.is_compiling():  # the custom op: one graph (runtime.compile_draft)
-                    from trtspec.speculative.kernels import op
-                    y = op()(x2, w, scales, w.shape[1] // 4, 8)
+                    y = torch.ops.trtspec.wo_mm(x2, w, scales, w.shape[1] // 4, 8)
                 else:
                     y = kernel.mm(x2, w, scales, w.shape[1] // 4, 8)
             else:
@@ -193,8 +193,9 @@ class Int4Linear(nn.Module):
         self.bias = None if bias is None else bias.detach().clone()
 
     def _pack(self):
-        from trtspec.speculative.kernels import wo_cpu
+        from trtspec.speculative.kernels import op, wo_cpu
         kernel = wo_cpu()
+        op()  # registers torch.ops.trtspec.wo_mm, what a compiled step calls
         if kernel is not None and self.qweight.shape[0] % 4 == 0 and self.group % 64 == 0:
             # trtspec's AVX512-BF16 kernel (kernels/wo_cpu.cpp)
             self.packed = (kernel, kernel.pack(self.qweight, 4), self.scales.float().contiguous())
@@ -212,9 +213,8 @@ class Int4Linear(nn.Module):
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.qweight.is_cpu:
             kernel, packed, scales = self.packed or self._pack()
-            if kernel is not None and torch.compiler.is_compiling():
-                from trtspec.speculative.kernels import op
-                y = op()(x2, packed, scales, self.group, 4)
+            if kernel is not None and torch.compiler.is_compiling():  # as in Int8Linear
+                y = torch.ops.trtspec.wo_mm(x2, packed, scales, self.group, 4)
             elif kernel is not None:
                 y = kernel.mm(x2, packed, scales, self.group, 4)
             else:
@@ -649,6 +649,9 @@ class CausalLM(nn.Module):
                 "a ModelOpt-quantized (fake-quant) model cannot be compiled by the torch runtime",
                 fix="set runtime.compile_draft: false, or use the unquantized draft",
             )
+        for m in self.modules():  # the CPU weight layouts now: a compiled graph cannot make them
+            if type(m) in (Int8Linear, Int4Linear) and m.qweight.is_cpu and m.packed is None:
+                m._pack()
         if self.decode is None:  # idempotent: several proposers (engines) may share one draft model
             self.decode = torch.compile(self.decode_one, dynamic=True, fullgraph=True)
         return self

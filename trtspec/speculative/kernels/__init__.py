@@ -79,8 +79,9 @@ def op():
     if _OP is None:
         import torch
 
-        @torch.library.custom_op("trtspec::wo_mm", mutates_args=())
-        def wo_mm(x: torch.Tensor, packed: torch.Tensor, scales: torch.Tensor, group: int, bits: int) -> torch.Tensor:
+        @torch.library.custom_op("trtspec::wo_mm", mutates_args=(),
+                                 schema="(Tensor x, Tensor packed, Tensor scales, int group, int bits) -> Tensor")
+        def wo_mm(x, packed, scales, group, bits):
             return wo_cpu().mm(x, packed, scales, group, bits)
 
         @wo_mm.register_fake
