@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from trtspec.config import Eagle, Eagle3, Medusa, Recipe, quantized_kernels_for
+from trtspec.speculative.kernels import cpu_flags
 from trtspec.versions import engine_flow_supported
 from trtspec.hub import check_lines, is_hub_id
 from trtspec.recipe_checks import calibration_lines, passthrough_lines
@@ -204,7 +205,6 @@ def check_quantization(recipe: Recipe, report: CheckReport) -> None:
             if q.lm_head != "none":
                 kernels += f"; LM head {q.lm_head}" + ("" if "fake-quant" in kernels else " on INT8 weights (Int8Linear)")
             if "wo_cpu" in kernels:  # which of the two this machine gets
-                from trtspec.speculative.kernels import cpu_flags
                 kernels += ("; this CPU has avx512_bf16: wo_cpu" if "avx512_bf16" in cpu_flags()
                             else "; this CPU has no avx512_bf16: torch's kernel")
             report.add(f"kernels:{role}", "info", f"{fmt} in the torch runtime runs on {kernels}")

@@ -279,8 +279,8 @@ def test_external_draft_tokens_are_verified_first():
 
 def test_background_engine_picks_the_faster_thread_count_in_its_own_thread(pair, prompts):
     """A served engine runs outside the main thread, where torch's parallel regions cost more:
-    the engine thread measures 1 vs the configured count and keeps the faster; the outputs stay
-    those of the offline engine."""
+    the engine thread measures 1 vs the configured count and keeps 1 only where it wins by the
+    margin (a pass at most 0.9x as long); the outputs stay those of the offline engine."""
     import threading
 
     from trtspec.speculative.engine import BackgroundEngine
@@ -294,7 +294,7 @@ def test_background_engine_picks_the_faster_thread_count_in_its_own_thread(pair,
         try:
             t = bg.threads
             assert t is not None and t["configured"] == 2
-            assert t["threads"] == (1 if t["target_step_s_1_thread"] < t["target_step_s_2_threads"] else 2)
+            assert t["threads"] == (1 if t["target_step_s_1_thread"] < 0.9 * t["target_step_s_2_threads"] else 2)
             seen, done = [], threading.Event()
             bg.submit(prompts[0], Sampling(max_tokens=12), lambda ev: (seen.extend(ev.new_tokens),
                                                                                ev.finished and done.set()))

@@ -69,7 +69,7 @@ _OP = None  # torch.ops.trtspec.wo_mm, registered once per process (see op)
 
 
 def op():
-    """``torch.ops.trtspec.wo_mm`` (x, packed, scales, group, bits) -> fp32 [M, N]: the kernel as a
+    """``torch.ops.trtspec.wo_mm`` (x, packed, scales, group, bits) -> bf16 [M, N]: the kernel as a
     torch custom op with a shape function, so ``torch.compile`` (runtime.compile_draft) keeps it in
     one graph instead of breaking at an opaque call. Eager code calls the module directly (the
     dispatcher costs a few µs per call). None where the kernels do not run."""
@@ -86,7 +86,7 @@ def op():
 
         @wo_mm.register_fake
         def _(x, packed, scales, group, bits):
-            return x.new_empty((x.shape[0], packed.shape[0] * 4), dtype=torch.float32)
+            return x.new_empty((x.shape[0], packed.shape[0] * 4))
 
         _OP = wo_mm
     return _OP

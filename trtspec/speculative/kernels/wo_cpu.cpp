@@ -50,7 +50,7 @@ __m512i table(float (*value)(int)) {
 
 template <int M, int BITS>
 inline void tile(const uint8_t* __restrict W, const float* __restrict S, const uint16_t* __restrict X,
-                 int64_t K, int64_t group, int64_t n0, int64_t N, float* __restrict Y, __m512i lut_lo,
+                 int64_t K, int64_t group, int64_t n0, int64_t N, at::BFloat16* __restrict Y, __m512i lut_lo,
                  __m512i lut_hi) {
   constexpr int B = BITS == 4 ? 32 : 64;  // bytes per row per 64 input channels
   const int64_t groups = K / group;
@@ -103,7 +103,7 @@ inline void tile(const uint8_t* __restrict W, const float* __restrict S, const u
     }
   }
   for (int m = 0; m < M; ++m)
-    for (int r = 0; r < R; ++r) Y[m * N + n0 + r] = _mm512_reduce_add_ps(tot[m][r]);
+    for (int r = 0; r < R; ++r) Y[m * N + n0 + r] = at::BFloat16(_mm512_reduce_add_ps(tot[m][r]));  // RNE
 }
 
 float int4_value(int u) { return float(u - 8); }       // INT4: the field is q + 8
@@ -114,7 +114,7 @@ float high_nibble(int u) { return float(16 * (u < 8 ? u : u - 16)); }  // INT8: 
 // tile's bytes stay in cache for the next four), every row gets the same instructions
 template <int BITS>
 void rows(const uint8_t* W, const float* S, const uint16_t* X, int64_t M, int64_t K, int64_t group, int64_t N,
-          float* Y) {
+          at::BFloat16* Y) {
   const __m512i lut_lo = table(BITS == 4 ? int4_value : low_nibble), lut_hi = table(high_nibble);
   const int64_t tile_bytes = R * K * BITS / 8;
   at::parallel_for(0, N / R, 8, [&](int64_t begin, int64_t end) {
@@ -122,7 +122,7 @@ void rows(const uint8_t* W, const float* S, const uint16_t* X, int64_t M, int64_
       const uint8_t* Wt = W + t * tile_bytes;
       for (int64_t m = 0; m < M; m += 4) {
         const uint16_t* Xm = X + m * K;
-        float* Ym = Y + m * N;
+        at::BFloat16* Ym = Y + m * N;
         switch (std::min<int64_t>(4, M - m)) {
           case 1: tile<1, BITS>(Wt, S, Xm, K, group, t * R, N, Ym, lut_lo, lut_hi); break;
           case 2: tile<2, BITS>(Wt, S, Xm, K, group, t * R, N, Ym, lut_lo, lut_hi); break;
@@ -137,7 +137,7 @@ void rows(const uint8_t* W, const float* S, const uint16_t* X, int64_t M, int64_
 }  // namespace
 
 // x: bf16 [M, K]; packed: pack(q, bits); scales: fp32 [N, K/group] (INT8: group = K, one per row).
-// Returns fp32 [M, N].
+// Returns bf16 [M, N] (the fp32 sums rounded to nearest even, as torch's kernels return them).
 torch::Tensor mm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, int64_t group, int64_t bits) {
   TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_cpu(), "x: a 2-D bf16 CPU tensor");
@@ -147,12 +147,13 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, in
               "shapes: packed [N/4, 4*K*bits/8], K a multiple of group, group of 64");
   TORCH_CHECK(scales.dim() == 2 && scales.size(0) == N && scales.size(1) == K / group, "scales [N, K/group]");
   auto xc = x.contiguous(), pc = packed.contiguous(), sc = scales.contiguous();
-  auto y = torch::empty({M, N}, x.options().dtype(at::kFloat));
+  auto y = torch::empty({M, N}, x.options());
   const auto* W = pc.data_ptr<uint8_t>();
   const auto* S = sc.data_ptr<float>();
   const auto* X = reinterpret_cast<const uint16_t*>(xc.data_ptr<at::BFloat16>());
-  if (bits == 4) rows<4>(W, S, X, M, K, group, N, y.data_ptr<float>());
-  else rows<8>(W, S, X, M, K, group, N, y.data_ptr<float>());
+  auto* Y = y.data_ptr<at::BFloat16>();
+  if (bits == 4) rows<4>(W, S, X, M, K, group, N, Y);
+  else rows<8>(W, S, X, M, K, group, N, Y);
   return y;
 }
 

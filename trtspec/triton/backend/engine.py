@@ -36,6 +36,7 @@ from trtspec.triton.backend.common import (
 )
 from trtspec.triton.backend.cancel import STOP_INPUT
 from trtspec.triton.backend.requests import PERF_OUTPUTS, GenerationRequest, RequestInputError, parse_generation
+from trtspec.speculative.kernels import wo_cpu_status
 from trtspec.speculative.spec import RuntimeSpec
 from trtspec.triton.access import secret_from_env, verify_stop_id
 from trtspec.triton.backend.guard import check_draft_ids, check_sizes, is_fatal_device_error
@@ -315,7 +316,6 @@ class EngineModel:
         """Which weight-only kernels the engine's quantized CPU layers run on (None: none asked)."""
         if self.engine_process == "worker":
             return self.background.info.get("cpu_kernels")
-        from trtspec.speculative.kernels import wo_cpu_status
         return wo_cpu_status(if_used=True)
 
     def execute(self, requests):

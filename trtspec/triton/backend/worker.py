@@ -42,6 +42,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from trtspec.errors import TrtspecError, one_line
+from trtspec.speculative.kernels import wo_cpu_status
 from trtspec.triton.backend.coalesce import coalesced
 from trtspec.triton.backend.common import resident_bytes
 
@@ -324,7 +325,6 @@ def serve(conn: Connection) -> int:
                 return
 
     def started() -> None:
-        from trtspec.speculative.kernels import wo_cpu_status
         info = {"vocab_size": int(engine.target.args.vocab_size), "max_seq_len": int(engine.max_seq_len),
                 "device": str(engine.device), "threads": background.threads, "cpu_kernels": wo_cpu_status(if_used=True),
                 "warm_up_error": background.warm_up_error, "pid": os.getpid()}
