@@ -130,7 +130,8 @@ def main() -> int:
           "| matmul | shape | bits | token rows | trtspec ms | GB/s | torch ms | GB/s | speedup |",
           "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in table:
-        md.append(f"| {r['matmul']} | {r['shape']} | {r['bits']} | {r['rows']} | {r['trtspec_ms']:.3f} | "
+        what = r["matmul"].replace("|", "\\|")  # q|k|v: a | inside a cell ends it
+        md.append(f"| {what} | {r['shape']} | {r['bits']} | {r['rows']} | {r['trtspec_ms']:.3f} | "
                   f"{r['trtspec_gb_s']} | {r['torch_ms']:.3f} | {r['torch_gb_s']} | {r['speedup']:.2f}× |")
     (out / "cpu_kernels.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

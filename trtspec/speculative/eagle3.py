@@ -43,7 +43,7 @@ from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVC
                                        quantize_layer_weight_only_, rotate_half, step_inputs)
 from trtspec.speculative.loaders import loader_for
 from trtspec.speculative.proposers import Proposal
-from trtspec.speculative.sampling import logits_to_probs, sample
+from trtspec.speculative.sampling import greedy_token, logits_to_probs, sample
 from trtspec.manifest import maybe_manifest
 from trtspec.speculative.model import read_hf_config
 
@@ -481,7 +481,7 @@ class Eagle3Proposer:
         for i in range(K):
             logits = self.head.logits(g)  # [B, V]
             if greedy:
-                x = logits.argmax(-1)
+                x = greedy_token(logits)
             else:
                 q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, V]
                 x = torch.stack([sample(q[b], generators[b]) for b in range(B)])

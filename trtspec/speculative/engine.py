@@ -33,7 +33,7 @@ from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
 from trtspec.speculative.proposers import Proposer
 from trtspec.sampling import Sampling
-from trtspec.speculative.sampling import logits_to_probs, sample
+from trtspec.speculative.sampling import greedy_token, logits_to_probs, sample
 from trtspec.speculative.stats import AdaptiveDraftLength, RequestStats
 from trtspec.speculative.verify import verify_greedy, verify_sampled
 
@@ -217,7 +217,7 @@ class Engine:
 
     def _pick(self, logits: torch.Tensor, params: Sampling, gen) -> int:
         if params.greedy:
-            return int(logits.argmax())
+            return int(greedy_token(logits))
         return int(sample(logits_to_probs(logits, params), gen))
 
     def _draft_len(self, s: _Slot) -> int:

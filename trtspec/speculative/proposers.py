@@ -16,7 +16,7 @@ import torch
 from trtspec.errors import ModelError, one_line
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.sampling import Sampling
-from trtspec.speculative.sampling import logits_to_probs, sample
+from trtspec.speculative.sampling import greedy_token, logits_to_probs, sample
 
 
 @dataclass
@@ -116,7 +116,7 @@ class DraftModelProposer:
         tokens, probs = [], []
         for i in range(K):
             if greedy:
-                x = logits.argmax(-1)
+                x = greedy_token(logits)
             else:
                 q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, V]
                 x = torch.stack([sample(q[b], generators[b]) for b in range(B)])
