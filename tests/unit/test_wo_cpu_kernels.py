@@ -110,8 +110,18 @@ def test_layers_run_on_it_and_agree_with_torchs_kernels(kernel_choice):
         torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-3)
 
 
-def test_falls_back_with_the_reason(kernel_choice):
+def test_built_once_then_imported_from_the_cache(kernel_choice, tmp_path):
+    """Another process (or this one after a reset) imports the build from the cache folder, without
+    the compiler: a bogus CXX does not matter once it is built."""
+    _ext()
+    built = list(kernels.cache_dir().glob("wo_cpu-*/trtspec_wo_cpu.so"))
+    assert built, kernels.cache_dir()
     kernel_choice(CXX="no-such-compiler-xyz")
+    assert kernels.wo_cpu() is not None
+
+
+def test_falls_back_with_the_reason(kernel_choice, tmp_path):
+    kernel_choice(CXX="no-such-compiler-xyz", TRTSPEC_KERNEL_CACHE=str(tmp_path))  # nothing built there
     if "avx512_bf16" not in kernels.cpu_flags():
         assert "no avx512_bf16" in kernels.wo_cpu_status()
     else:
