@@ -134,7 +134,7 @@ class Int8Linear(nn.Module):
     def _pack(self):
         kernel = wo_cpu()
         out_f, in_f = self.qweight.shape
-        op()  # registers torch.ops.trtspec.wo_mm, what a compiled step calls
+        self.op = op()  # the custom op a compiled step calls (kernels.op)
         if kernel is None or out_f % 4 or in_f % 64:
             self.packed = False
         else:
@@ -149,7 +149,7 @@ class Int8Linear(nn.Module):
             if packed:
                 kernel, w, scales = packed
                 if torch.compiler.is_compiling():  # the custom op: one graph (runtime.compile_draft)
-                    y = torch.ops.trtspec.wo_mm(x2, w, scales, w.shape[1] // 4, 8)
+                    y = self.op(x2, w, scales, w.shape[1] // 4, 8)
                 else:
                     y = kernel.mm(x2, w, scales, w.shape[1] // 4, 8)
             else:
@@ -194,7 +194,7 @@ class Int4Linear(nn.Module):
 
     def _pack(self):
         kernel = wo_cpu()
-        op()  # registers torch.ops.trtspec.wo_mm, what a compiled step calls
+        self.op = op()  # the custom op a compiled step calls (kernels.op)
         if kernel is not None and self.qweight.shape[0] % 4 == 0 and self.group % 64 == 0:
             # trtspec's AVX512-BF16 kernel (kernels/wo_cpu.cpp)
             self.packed = (kernel, kernel.pack(self.qweight, 4), self.scales.float().contiguous())
@@ -213,7 +213,7 @@ class Int4Linear(nn.Module):
         if self.qweight.is_cpu:
             kernel, packed, scales = self.packed or self._pack()
             if kernel is not None and torch.compiler.is_compiling():  # as in Int8Linear
-                y = torch.ops.trtspec.wo_mm(x2, packed, scales, self.group, 4)
+                y = self.op(x2, packed, scales, self.group, 4)
             elif kernel is not None:
                 y = kernel.mm(x2, packed, scales, self.group, 4)
             else:

@@ -112,21 +112,29 @@ def wo_cpu():
     return _load()[0]
 
 
-_OP = None  # torch.ops.trtspec.wo_mm, registered once per process (see op)
+_OP = None  # the registered custom op (see op)
 
 
 def op():
-    """``torch.ops.trtspec.wo_mm`` (x, packed, scales, group, bits) -> bf16 [M, N]: the kernel as a
-    torch custom op with a shape function, so ``torch.compile`` (runtime.compile_draft) keeps it in
-    one graph instead of breaking at an opaque call. Eager code calls the module directly (the
-    dispatcher costs a few µs per call). None where the kernels do not run."""
+    """The kernel as a torch custom op, ``torch.ops.trtspec.wo_mm_<version>`` (x, packed, scales,
+    group, bits) -> bf16 [M, N], with a shape function, so that ``torch.compile``
+    (runtime.compile_draft) keeps it in one graph instead of breaking at an opaque call. Eager code
+    calls the module directly (the dispatcher costs a few µs per call). None where the kernels do
+    not run.
+
+    ``<version>`` hashes the C++ source and this file: inductor's on-disk graph cache keys a
+    graph by the op's name and schema, not by what the op returns, and a graph compiled while the
+    op returned fp32 was reused after it returned bf16 (its draft then proposed garbage)."""
     global _OP
     if wo_cpu() is None:
         return None
     if _OP is None:
-        import torch
+        import torch  # lazy: as in _load
 
-        @torch.library.custom_op("trtspec::wo_mm", mutates_args=(),
+        version = hashlib.sha256(_SOURCE.read_bytes() + pathlib.Path(__file__).read_bytes()).hexdigest()[:12]
+        name = f"wo_mm_{version}"
+
+        @torch.library.custom_op(f"trtspec::{name}", mutates_args=(),
                                  schema="(Tensor x, Tensor packed, Tensor scales, int group, int bits) -> Tensor")
         def wo_mm(x, packed, scales, group, bits):
             return wo_cpu().mm(x, packed, scales, group, bits)
@@ -135,7 +143,7 @@ def op():
         def _(x, packed, scales, group, bits):
             return x.new_empty((x.shape[0], packed.shape[0] * 4))
 
-        _OP = wo_mm
+        _OP = getattr(torch.ops.trtspec, name)
     return _OP
 
 
