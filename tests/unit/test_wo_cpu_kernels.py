@@ -102,7 +102,7 @@ def test_layers_run_on_it_and_agree_with_torchs_kernels(kernel_choice):
     x = torch.randn(3, 256).to(torch.bfloat16)
     layers = _layers()
     ours = [lin(x) for lin in layers]
-    assert all(lin.packed and lin.packed[0] is not None for lin in layers)  # (kernel, weights, scales)
+    assert all(lin.packed and lin.packed[0] is not None for lin in layers)  # (kernel, op, weights, scales)
     kernel_choice(TRTSPEC_CPU_KERNELS="torch")
     assert kernels.wo_cpu() is None and "TRTSPEC_CPU_KERNELS=torch" in kernels.wo_cpu_status()
     theirs = [lin(x) for lin in _layers()]

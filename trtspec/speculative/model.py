@@ -98,6 +98,14 @@ class RMSNorm(nn.Module):
         return self.weight * x32.to(x.dtype)
 
 
+def _wo_mm(kernel, custom_op, x2, packed, scales, group: int, bits: int) -> torch.Tensor:
+    """trtspec's CPU weight-only matmul: the module's function in eager code, the custom op (one
+    graph, runtime.compile_draft) under torch.compile (kernels.op)."""
+    if torch.compiler.is_compiling():
+        return custom_op(x2, packed, scales, group, bits)
+    return kernel.mm(x2, packed, scales, group, bits)
+
+
 class Int8Linear(nn.Module):
     """A linear layer with INT8 weights, one scale per output channel (W8A16, "weight-only").
 
@@ -129,31 +137,27 @@ class Int8Linear(nn.Module):
         self.register_buffer("qweight", q.clamp_(-127, 127).to(torch.int8).contiguous())
         self.register_buffer("scales", scales)
         self.bias = None if bias is None else bias.detach().clone()
-        self.packed = None  # trtspec's CPU layout (kernels/wo_cpu.cpp), made on first use; False: torch's kernel
+        self.packed = None  # (kernel, op, weights, scales) on CPU, made on first use (see _pack)
 
     def _pack(self):
+        """trtspec's CPU layout (kernels/wo_cpu.cpp) where it runs, else torch's (kernel None)."""
         kernel = wo_cpu()
         out_f, in_f = self.qweight.shape
-        self.op = op()  # the custom op a compiled step calls (kernels.op)
         if kernel is None or out_f % 4 or in_f % 64:
-            self.packed = False
+            self.packed = (None, None, self.qweight, self.scales)
         else:
-            self.packed = (kernel, kernel.pack(self.qweight, 8), self.scales.float()[:, None].contiguous())
+            self.packed = (kernel, op(), kernel.pack(self.qweight, 8), self.scales.float()[:, None].contiguous())
         return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.qweight.is_cpu:
-            packed = self.packed if self.packed is not None else self._pack()
-            if packed:
-                kernel, w, scales = packed
-                if torch.compiler.is_compiling():  # the custom op: one graph (runtime.compile_draft)
-                    y = self.op(x2, w, scales, w.shape[1] // 4, 8)
-                else:
-                    y = kernel.mm(x2, w, scales, w.shape[1] // 4, 8)
+            kernel, custom_op, w, scales = self.packed or self._pack()
+            if kernel is None:
+                y = torch.ops.aten._weight_int8pack_mm(x2, w, scales)
             else:
-                y = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+                y = _wo_mm(kernel, custom_op, x2, w, scales, x2.shape[-1], 8)
         else:
             y = F.linear(x2, self.qweight.to(torch.bfloat16)) * self.scales
         y = y.to(x.dtype).view(*lead, -1)
@@ -194,15 +198,14 @@ class Int4Linear(nn.Module):
 
     def _pack(self):
         kernel = wo_cpu()
-        self.op = op()  # the custom op a compiled step calls (kernels.op)
         if kernel is not None and self.qweight.shape[0] % 4 == 0 and self.group % 64 == 0:
             # trtspec's AVX512-BF16 kernel (kernels/wo_cpu.cpp)
-            self.packed = (kernel, kernel.pack(self.qweight, 4), self.scales.float().contiguous())
+            self.packed = (kernel, op(), kernel.pack(self.qweight, 4), self.scales.float().contiguous())
         else:
             q = (self.qweight.to(torch.int32) + 8).contiguous()
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
             zeros = torch.zeros_like(self.scales)
-            self.packed = (None, packed, torch.stack([self.scales.t(), zeros.t()], dim=-1).contiguous())
+            self.packed = (None, None, packed, torch.stack([self.scales.t(), zeros.t()], dim=-1).contiguous())
         return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -211,13 +214,11 @@ class Int4Linear(nn.Module):
             x = x * self.pre_quant_scale.to(x.dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
         if self.qweight.is_cpu:
-            kernel, packed, scales = self.packed or self._pack()
-            if kernel is not None and torch.compiler.is_compiling():  # as in Int8Linear
-                y = self.op(x2, packed, scales, self.group, 4)
-            elif kernel is not None:
-                y = kernel.mm(x2, packed, scales, self.group, 4)
-            else:
+            kernel, custom_op, packed, scales = self.packed or self._pack()
+            if kernel is None:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group, scales)
+            else:
+                y = _wo_mm(kernel, custom_op, x2, packed, scales, self.group, 4)
         else:
             out_f, in_f = self.qweight.shape
             w = (self.qweight.view(out_f, in_f // self.group, self.group).to(torch.bfloat16)
