@@ -285,6 +285,40 @@ def _linear(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return mod(x)
 
 
+def _kernel_layer(layer: "DecoderLayer"):
+    """``layer``'s arguments for the CPU kernel's one-call layer step (``wo_cpu.layer_step``), or
+    None where it does not apply: every projection fused and packed on trtspec's kernel (not
+    torch's, no AWQ pre-scale), bf16 norms, Llama/Qwen2 shapes the kernel takes."""
+    at, mlp = layer.self_attn, layer.mlp
+    if type(layer) is not DecoderLayer or type(at) is not Attention or type(mlp) is not MLP:
+        return None
+    if any(type(n) is not RMSNorm or n.weight.dtype != torch.bfloat16
+           for n in (layer.input_layernorm, layer.post_attention_layernorm)):
+        return None
+    if layer.input_layernorm.variance_epsilon != layer.post_attention_layernorm.variance_epsilon:
+        return None
+    projs = (at.fused, at.o_proj, mlp.fused, mlp.down_proj)
+    if any(type(q) not in (Int4Linear, Int8Linear) or not q.qweight.is_cpu or getattr(q, "pre_quant_scale", None) is not None
+           for q in projs):
+        return None
+    if any(q.bias is not None for q in projs[1:]) or at.head_dim % 16 or at.head_dim > 512:
+        return None
+    packed = [q.packed or q._pack() for q in projs]
+    if any(k is None for k, *_ in packed):
+        return None
+    bias = at.fused.bias
+    if bias is not None and bias.dtype != torch.bfloat16:
+        return None
+    meta = [at.n_heads, at.n_kv, at.head_dim]
+    for q in projs:
+        meta += [q.group if type(q) is Int4Linear else q.qweight.shape[1], 4 if type(q) is Int4Linear else 8]
+    (_, _, qkv_w, qkv_s), (_, _, o_w, o_s), (_, _, gu_w, gu_s), (_, _, d_w, d_s) = packed
+    weights = [layer.input_layernorm.weight.detach(), qkv_w, qkv_s,
+               bias if bias is not None else torch.empty(0, dtype=torch.bfloat16), o_w, o_s,
+               layer.post_attention_layernorm.weight.detach(), gu_w, gu_s, d_w, d_s]
+    return weights, meta, float(layer.input_layernorm.variance_epsilon)
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -518,6 +552,7 @@ class CausalLM(nn.Module):
         self._rope_len = 0
         self.weight_only: str | None = None  # "int8" after quantize_weight_only_
         self.decode = None  # compiled decode_one after compile_decode_
+        self._kernel_layers = None  # see kernel_layers
 
     # ---- rope tables (HF convention: cos/sin of cat(freqs, freqs))
     def _rope(self, n: int, device, dtype):
@@ -594,7 +629,26 @@ class CausalLM(nn.Module):
         else:  # the embedding keeps its fp weights; the head gets its own INT8 copy
             self.lm_head = Int8Linear(self.model.embed_tokens.weight, None)
         self.weight_only = "int8"
+        self._kernel_layers = None
         return self
+
+    def kernel_layers(self) -> list | None:
+        """Each layer's arguments for trtspec's one-call CPU layer step (kernels/wo_cpu.cpp,
+        ``layer_step``), or None: made once, on the first decode or verify pass, where every layer
+        qualifies (bf16, CPU, every projection on trtspec's INT4/INT8 kernel; see
+        :func:`_kernel_layer`). Decode and verify passes then run one C++ call per layer instead
+        of ~55 torch ops, whose dispatch was 20-30 % of a pass on the Qwen pair; prefill keeps the
+        torch ops (its matmuls dominate). Its attention is per query row in fp32, like
+        ``batch_invariant``'s, so every token row's result is the same in any pass."""
+        if self._kernel_layers is None:
+            emb = self.model.embed_tokens.weight
+            layers = None
+            if emb.is_cpu and emb.dtype == torch.bfloat16 and self.args.hidden_size % 64 == 0:
+                layers = [_kernel_layer(layer) for layer in self.model.layers]
+                if any(a is None for a in layers):
+                    layers = None
+            self._kernel_layers = layers if layers is not None else False
+        return self._kernel_layers or None
 
     def batch_invariant_(self, on: bool = True) -> "CausalLM":
         """``runtime.batch_invariant``: in decode and verify passes (not a request's prefill, which
@@ -674,14 +728,25 @@ class CausalLM(nn.Module):
         if cache is None:  # whole sequences from position 0, no cache (training, scoring)
             step = Step(list(range(B)), [0] * B, T)
         cos_t, sin_t = self._rope(step.kv_len, dev, self.model.embed_tokens.weight.dtype)
-        cos, sin, mask, index = step_inputs(step, B, T, cos_t, sin_t, cached=cache is not None)
         x = self.model.embed_tokens(input_ids)
         hidden: list[torch.Tensor] = []
-        for i, layer in enumerate(self.model.layers):
-            kc, vc = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
-            x = layer.forward(x, cos, sin, kc, vc, step, mask, index)
-            if i in hidden_layers:
-                hidden.append(x)
+        fused = self.kernel_layers() if cache is not None and step.continuing else None
+        if fused is not None:  # one C++ call per layer (kernel_layers)
+            kernel = wo_cpu()
+            x = x.reshape(B * T, -1)
+            for i, (weights, meta, eps) in enumerate(fused):
+                x = kernel.layer_step(x, weights, meta, eps, cache.k[i], cache.v[i], step.rows, step.starts, T,
+                                      cos_t, sin_t)
+                if i in hidden_layers:
+                    hidden.append(x.view(B, T, -1))
+            x = x.view(B, T, -1)
+        else:
+            cos, sin, mask, index = step_inputs(step, B, T, cos_t, sin_t, cached=cache is not None)
+            for i, layer in enumerate(self.model.layers):
+                kc, vc = (cache.k[i], cache.v[i]) if cache is not None else (None, None)
+                x = layer.forward(x, cos, sin, kc, vc, step, mask, index)
+                if i in hidden_layers:
+                    hidden.append(x)
         h = self.model.norm.forward(x)
         if logits == "none":
             out = None
