@@ -2,7 +2,8 @@
 
 A small random Qwen2-shaped model in bf16 on INT8 weight kernels (every linear, the LM head
 included: row-invariant), no training needed; once on trtspec's own CPU kernel (where this CPU
-runs it) and once on torch's. With ``batch_invariant_`` a verify pass of K+1
+runs it: decode and verify passes then go through its one-call layer step) and once on
+torch's (the torch ops). With ``batch_invariant_`` a verify pass of K+1
 tokens, and a batch of rows at different lengths, give bit for bit the logits of the one-token
 steps they stand for; the Engine's speculative greedy output then equals its plain output.
 """
@@ -31,7 +32,10 @@ def model(request):
         kernels._load.cache_clear()
         if request.param == "trtspec" and kernels.wo_cpu() is None:
             pytest.skip(f"trtspec's CPU kernels do not run here: {kernels.wo_cpu_status()}")
-        yield _model()
+        m = _model()
+        # trtspec's kernels: decode and verify passes run the one-call layer step (test_layer_step.py)
+        assert (m.kernel_layers() is not None) == (request.param == "trtspec")
+        yield m
     kernels._load.cache_clear()
 
 
