@@ -12,7 +12,8 @@ and prompt lookup (``llama-lookup``).
 trtspec runs the same pair as deployed: the target in bf16, or exported by ModelOpt (``int8_wo``,
 ``int4_wo``, made here once, 16 × 256 calibration tokens) on the native kernels
 (``runtime.quantized_kernels: native``); the draft in bf16 with INT8 weights
-(``runtime.draft_weight_only: int8``). Plain and speculative decoding per target; speculative
+(``runtime.draft_weight_only: int8``) or exported by ModelOpt too (``--draft-formats``, e.g. INT4
+with an INT8 LM head). Plain decoding per target, speculative per target and draft; speculative
 greedy must equal the same target's plain greedy, token for token. The fastest speculative
 configuration is then packaged and served (tritonserver, engine worker) and measured through the
 ensemble at concurrency 1 with trtspec's client.
@@ -157,6 +158,20 @@ def quantized_target(models: pathlib.Path, fmt: str) -> pathlib.Path:
     return out
 
 
+def quantized_draft(models: pathlib.Path, fmt: str) -> pathlib.Path:
+    """The draft exported by ModelOpt for the torch runtime (made once, cached in models/), as
+    :func:`quantized_target`."""
+    from trtspec.quantize import make_quantization, quantize_model
+
+    base, head = fmt.removesuffix(HEAD), fmt.endswith(HEAD)
+    out = models / (f"{DRAFT}-{base}-head_int8_wo-torch" if head else f"{DRAFT}-{base}-torch")
+    if not (out / "trtspec.json").is_file():
+        print(f"quantizing the draft to {fmt} with ModelOpt (once) ...", flush=True)
+        q = make_quantization(base, "none", calib_size=16, calib_seq_len=256, lm_head="int8_wo" if head else "none")
+        quantize_model(models / DRAFT, q, "torch", out, quality=None)
+    return out
+
+
 def release_freed_memory() -> None:
     """Hand the heap's freed pages back to the OS (glibc keeps them for reuse otherwise)."""
     import ctypes
@@ -184,6 +199,9 @@ def main() -> int:
     ap.add_argument("--target-formats", default=f"none,int4_wo,int4_wo{HEAD}",
                     help=f"targets for trtspec: none (bf16) and ModelOpt weight-only formats; FMT{HEAD}: the LM "
                          "head in INT8 too, run batch-invariant (runtime.batch_invariant: the lossless recipe)")
+    ap.add_argument("--draft-formats", default=f"int8,int4_wo{HEAD}",
+                    help="drafts for trtspec: int8 (the bf16 checkpoint on INT8 weights: runtime.draft_weight_only) "
+                    "and ModelOpt weight-only exports (FMT+int8_head: the LM head in INT8 too)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -231,14 +249,23 @@ def main() -> int:
         folder = models / TARGET if fmt == "none" else quantized_target(models, fmt)
         targets[fmt] = (folder, load_model(str(folder), torch.bfloat16, torch.device("cpu"))
                         .batch_invariant_(fmt.endswith(HEAD)))
-    draft = load_causal_lm(models / DRAFT, dtype=torch.bfloat16).quantize_weight_only_()
+    dformats = [f.strip() for f in args.draft_formats.split(",") if f.strip()]
+    drafts = {}
+    for dfmt in dformats:
+        if dfmt == "int8":
+            drafts[dfmt] = (models / DRAFT, load_causal_lm(models / DRAFT, dtype=torch.bfloat16).quantize_weight_only_())
+        else:
+            folder = quantized_draft(models, dfmt)
+            drafts[dfmt] = (folder, load_model(str(folder), torch.bfloat16, torch.device("cpu")))
     greedy = Sampling(max_tokens=n, ignore_eos=True)
     max_len = max(len(p) for p in prompts) + n + k + 8
 
-    def ours(fmt: str, speculative: bool):
+    def ours(fmt: str, dfmt: str | None):
         target = targets[fmt][1]
+        speculative = dfmt is not None
 
         def run():
+            draft = drafts[dfmt][1] if speculative else None
             eng = Engine(target, DraftModelProposer(draft, k, max_len) if speculative else None, max_draft_len=k,
                          max_batch_size=1, max_seq_len=max_len)
             outs, toks, secs, agg = [], 0, 0.0, Aggregate()
@@ -263,10 +290,16 @@ def main() -> int:
     label = {"none": "bf16", "int8_wo": "INT8 weight-only (ModelOpt, native kernels)",
              "int4_wo": "INT4 weight-only (ModelOpt, native kernels)",
              f"int4_wo{HEAD}": "INT4 weight-only + INT8 LM head (ModelOpt, native kernels), batch-invariant"}
+    dlabel = {"int8": "INT8", "int4_wo": "INT4", f"int4_wo{HEAD}": "INT4 + INT8 LM head",
+              "int8_wo": "INT8 (ModelOpt)"}
     configs = {name: theirs(tool) for name, tool in llama.items()}
+    what: dict[str, tuple[str, str | None]] = {}  # config name -> (target format, draft format or None)
     for fmt in formats:
-        configs[f"trtspec plain, target {label.get(fmt, fmt)}"] = ours(fmt, False)
-        configs[f"trtspec draft-target (INT8 draft, K={k}), target {label.get(fmt, fmt)}"] = ours(fmt, True)
+        name = f"trtspec plain, target {label.get(fmt, fmt)}"
+        configs[name], what[name] = ours(fmt, None), (fmt, None)
+        for dfmt in dformats:
+            name = f"trtspec draft-target ({dlabel.get(dfmt, dfmt)} draft, K={k}), target {label.get(fmt, fmt)}"
+            configs[name], what[name] = ours(fmt, dfmt), (fmt, dfmt)
 
     pressure = [cache_pressure(targets[formats[0]][1], k)["pressure"]]
     runs: dict[str, list[dict]] = {c: [] for c in configs}
@@ -285,7 +318,7 @@ def main() -> int:
                "tok_s_median": round(statistics.median(r["tok_s"] for r in rs), 2),
                "acceptance_rate": None if best.get("acceptance_rate") is None else round(best["acceptance_rate"], 3)}
         if name.startswith("trtspec draft-target"):
-            fmt = next(f for f in formats if name.endswith(label.get(f, f)))
+            fmt = what[name][0]
             plain = runs[f"trtspec plain, target {label.get(fmt, fmt)}"][0]["outputs"]
             row["identical_to_plain"] = f"{sum(a == b for a, b in zip(best['outputs'], plain))}/{len(plain)}"
         elif name.startswith("llama.cpp") and name != "llama.cpp plain":
@@ -301,17 +334,18 @@ def main() -> int:
     lossless = [r for r in spec_rows if r["identical_to_plain"].split("/")[0] == r["identical_to_plain"].split("/")[1]]
     best_spec = max(lossless or spec_rows, key=lambda r: r["tok_s_best"])
     if not args.no_served:
-        fmt = next(f for f in formats if best_spec["config"].endswith(label.get(f, f)))
-        folder = targets[fmt][0]
+        fmt, dfmt = what[best_spec["config"]]
+        folder, draft_folder = targets[fmt][0], drafts[dfmt][0]
         # the in-process models go before the server's engine workers load theirs (the target in two
         # workers, the draft in a third): with them still here, 2 × 1.5B targets loading at once ran
         # a 24 GB machine out of memory. `run` is the loop's last closure, which holds a target
         configs.clear()
         targets.clear()
-        del draft, ours, theirs, run
+        drafts.clear()
+        del ours, theirs, run
         gc.collect()
         release_freed_memory()
-        served = serve_and_measure(models, folder, fmt, prompts_text, prompts, runs, label, args)
+        served = serve_and_measure(models, folder, fmt, draft_folder, dfmt, prompts_text, runs, label, args)
     llama_best = max((r for r in rows if r["config"].startswith("llama.cpp")), key=lambda r: r["tok_s_best"],
                      default=None)
 
@@ -335,7 +369,7 @@ def main() -> int:
                   f"{r.get('identical_to_plain', '')} |")
     if served:
         md += ["", f"Served (tritonserver, `ensemble`, concurrency 1, trtspec's client): **{served['tok_s']:.2f} tok/s** "
-                   f"decode, target {served['target']}; outputs identical to the in-process plain decoding of the same "
+                   f"decode, target {served['target']}, draft {served['draft']}; outputs identical to the in-process plain decoding of the same "
                    f"target: {served['identical_to_plain']}."]
     if llama_best and served:
         ratio = served["tok_s"] / llama_best["tok_s_best"]
@@ -349,8 +383,9 @@ def main() -> int:
     return 0
 
 
-def serve_and_measure(models, target_dir, fmt, prompts_text, prompts, runs, label, args) -> dict:
-    """Package the pair with ``target_dir`` as the target, serve it, and measure the ensemble."""
+def serve_and_measure(models, target_dir, fmt, draft_dir, dfmt, prompts_text, runs, label, args) -> dict:
+    """Package the pair (``target_dir``, ``draft_dir``) as measured in-process, serve it, and
+    measure the ensemble."""
     import tempfile
 
     from trtspec.client import LLMClient, Sampling
@@ -362,9 +397,9 @@ def serve_and_measure(models, target_dir, fmt, prompts_text, prompts, runs, labe
     recipe = parse_recipe({
         "name": "qwen-vs-llamacpp",
         "target": {"model": str(target_dir)},
-        "speculation": {"method": "draft_target", "draft": {"model": str(models / DRAFT)}, "max_draft_len": k},
+        "speculation": {"method": "draft_target", "draft": {"model": str(draft_dir)}, "max_draft_len": k},
         "runtime": {"backend": "torch", "dtype": "bfloat16", "device": "cpu", "torch_threads": args.threads,
-                    "draft_weight_only": "int8", "quantized_kernels": "native", "batch_invariant": fmt.endswith(HEAD),
+                    "draft_weight_only": "int8" if dfmt == "int8" else "none", "quantized_kernels": "native", "batch_invariant": fmt.endswith(HEAD),
                     "adaptive": {"enabled": False, "min_acceptance_rate": 0.0}},
         "limits": {"max_batch_size": 1, "max_input_len": 1024, "max_seq_len": 2048},
         "serving": {"speculative_fraction": 1.0},
@@ -392,7 +427,7 @@ def serve_and_measure(models, target_dir, fmt, prompts_text, prompts, runs, labe
                 if toks / secs > best:
                     best, outs = toks / secs, o
     plain = runs[f"trtspec plain, target {label.get(fmt, fmt)}"][0]["outputs"]
-    return {"tok_s": round(best, 2), "target": label.get(fmt, fmt),
+    return {"tok_s": round(best, 2), "target": label.get(fmt, fmt), "draft": dfmt,
             "identical_to_plain": f"{sum(a == b for a, b in zip(outs, plain))}/{len(plain)}"}
 
 

@@ -4,7 +4,8 @@ g++ and ninja; about 30 s once, then cached: :func:`cache_dir`).
 Built once per source, flags, torch and Python into :func:`cache_dir` and imported from there.
 One source today, ``wo_cpu.cpp``: the INT4 and INT8 weight-only matmuls that
 :class:`~trtspec.speculative.model.Int4Linear` and :class:`~trtspec.speculative.model.Int8Linear`
-run on an AVX512-BF16 CPU (why, and how: the file's head). Where the CPU lacks ``avx512_bf16``,
+run on an AVX512-BF16 CPU (why, and how: the file's head), and ``layer_step``, a whole decoder
+layer on them in one call (``CausalLM.kernel_layers``). Where the CPU lacks ``avx512_bf16``,
 the compiler or ninja is missing, or ``TRTSPEC_CPU_KERNELS=torch`` is set, the layers use torch's
 own ``aten._weight_int4pack_mm_for_cpu`` / ``aten._weight_int8pack_mm``, and
 :func:`wo_cpu_status` says why.
@@ -154,5 +155,5 @@ def wo_cpu_status(*, if_used: bool = False) -> str | None:
         return None
     module, why = _load()
     if module is not None:
-        return "trtspec wo_cpu (AVX512-BF16)"
+        return "trtspec wo_cpu (AVX512-BF16; decode/verify passes one call per decoder layer)"
     return f"torch's aten._weight_int4pack_mm_for_cpu / _weight_int8pack_mm ({why})"
