@@ -132,3 +132,27 @@ def test_falls_back_with_the_reason(kernel_choice, tmp_path):
         assert not lin.packed or lin.packed[0] is None
     kernel_choice(TRTSPEC_CPU_KERNELS="fast")
     assert "is not one of trtspec, torch" in kernels.wo_cpu_status()
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_unpack_inverts_pack(bits):
+    ext = _ext()
+    torch.manual_seed(11)
+    lo, hi = (-8, 8) if bits == 4 else (-128, 128)
+    q = torch.randint(lo, hi, (12, 192), dtype=torch.int8)
+    assert torch.equal(ext.unpack(ext.pack(q, bits), bits, 192), q)
+
+
+def test_packed_copy_is_the_only_one_and_dequantizes_the_same():
+    """Once packed for trtspec's kernel, a layer drops its row-major INT values (a second copy of
+    every quantized weight); ``int_values`` and ``dequantized`` read them back from the packed copy."""
+    _ext()
+    x = torch.randn(2, 256).to(torch.bfloat16)
+    for lin in _layers():
+        before, deq = lin.qweight.clone(), (lin.dequantized() if isinstance(lin, Int8Linear) else None)
+        y = lin(x)
+        assert lin.qweight is None and "qweight" not in lin.state_dict()
+        assert torch.equal(lin.int_values, before)
+        if deq is not None:
+            assert torch.equal(lin.dequantized(), deq)
+        assert torch.equal(lin(x), y)  # still runs, same bits

@@ -147,12 +147,13 @@ class Int8Linear(nn.Module):
             self.packed = (None, None, self.qweight, self.scales)
         else:
             self.packed = (kernel, op(), kernel.pack(self.qweight, 8), self.scales.float()[:, None].contiguous())
+            _keep_packed_only(self)
         return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        if self.qweight.is_cpu:
+        if self.on_cpu:
             kernel, custom_op, w, scales = self.packed or self._pack()
             if kernel is None:
                 y = torch.ops.aten._weight_int8pack_mm(x2, w, scales)
@@ -163,8 +164,11 @@ class Int8Linear(nn.Module):
         y = y.to(x.dtype).view(*lead, -1)
         return y if self.bias is None else y + self.bias
 
+    on_cpu = property(lambda self: self.packed is not None or self.qweight.is_cpu)
+    int_values = property(lambda self: _int_values(self, 8))
+
     def dequantized(self) -> torch.Tensor:
-        return self.qweight.float() * self.scales.float()[:, None]
+        return self.int_values.float() * self.scales.float()[:, None]
 
 
 class Int4Linear(nn.Module):
@@ -201,6 +205,7 @@ class Int4Linear(nn.Module):
         if kernel is not None and self.qweight.shape[0] % 4 == 0 and self.group % 64 == 0:
             # trtspec's AVX512-BF16 kernel (kernels/wo_cpu.cpp)
             self.packed = (kernel, op(), kernel.pack(self.qweight, 4), self.scales.float().contiguous())
+            _keep_packed_only(self)
         else:
             q = (self.qweight.to(torch.int32) + 8).contiguous()
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
@@ -213,7 +218,7 @@ class Int4Linear(nn.Module):
         if self.pre_quant_scale is not None:
             x = x * self.pre_quant_scale.to(x.dtype)
         x2 = x.reshape(-1, x.shape[-1]).to(torch.bfloat16)
-        if self.qweight.is_cpu:
+        if self.on_cpu:
             kernel, custom_op, packed, scales = self.packed or self._pack()
             if kernel is None:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group, scales)
@@ -226,6 +231,25 @@ class Int4Linear(nn.Module):
             y = F.linear(x2, w)
         y = y.to(x.dtype).view(*lead, -1)
         return y if self.bias is None else y + self.bias
+
+    on_cpu = property(lambda self: self.packed is not None or self.qweight.is_cpu)
+    int_values = property(lambda self: _int_values(self, 4))
+
+
+def _keep_packed_only(lin: "Int8Linear | Int4Linear") -> None:
+    """Once trtspec's CPU layout is made it is the only copy of the weights: the row-major INT
+    values go (a second copy of every quantized weight: 1.3 GB for the Qwen 1.5B target), and
+    :attr:`int_values` unpacks them again for whoever asks (``dequantized``, tests)."""
+    lin._in_features = lin.qweight.shape[1]
+    lin.qweight = None  # the buffer stays registered, empty (state_dict skips it)
+
+
+def _int_values(lin: "Int8Linear | Int4Linear", bits: int) -> torch.Tensor:
+    """The INT values [out, in] (INT4: in [-8, 7]), from the packed copy where that is the only one."""
+    if lin.qweight is not None:
+        return lin.qweight
+    kernel, _, packed, _ = lin.packed
+    return kernel.unpack(packed, bits, lin._in_features)
 
 
 @torch.no_grad()
@@ -298,7 +322,7 @@ def _kernel_layer(layer: "DecoderLayer"):
     if layer.input_layernorm.variance_epsilon != layer.post_attention_layernorm.variance_epsilon:
         return None
     projs = (at.fused, at.o_proj, mlp.fused, mlp.down_proj)
-    if any(type(q) not in (Int4Linear, Int8Linear) or not q.qweight.is_cpu or getattr(q, "pre_quant_scale", None) is not None
+    if any(type(q) not in (Int4Linear, Int8Linear) or not q.on_cpu or getattr(q, "pre_quant_scale", None) is not None
            for q in projs):
         return None
     if any(q.bias is not None for q in projs[1:]) or at.head_dim % 16 or at.head_dim > 512:
@@ -311,7 +335,7 @@ def _kernel_layer(layer: "DecoderLayer"):
         return None
     meta = [at.n_heads, at.n_kv, at.head_dim]
     for q in projs:
-        meta += [q.group if type(q) is Int4Linear else q.qweight.shape[1], 4 if type(q) is Int4Linear else 8]
+        meta += [q.group if type(q) is Int4Linear else q._in_features, 4 if type(q) is Int4Linear else 8]
     (_, _, qkv_w, qkv_s), (_, _, o_w, o_s), (_, _, gu_w, gu_s), (_, _, d_w, d_s) = packed
     weights = [layer.input_layernorm.weight.detach(), qkv_w, qkv_s,
                bias if bias is not None else torch.empty(0, dtype=torch.bfloat16), o_w, o_s,
@@ -704,7 +728,7 @@ class CausalLM(nn.Module):
                 fix="set runtime.compile_draft: false, or use the unquantized draft",
             )
         for m in self.modules():  # the CPU weight layouts now: a compiled graph cannot make them
-            if type(m) in (Int8Linear, Int4Linear) and m.qweight.is_cpu and m.packed is None:
+            if type(m) in (Int8Linear, Int4Linear) and m.packed is None and m.qweight.is_cpu:
                 m._pack()
         if self.decode is None:  # idempotent: several proposers (engines) may share one draft model
             self.decode = torch.compile(self.decode_one, dynamic=True, fullgraph=True)

@@ -393,8 +393,36 @@ torch::Tensor pack(torch::Tensor q, int64_t bits) {
   return out;
 }
 
+// the inverse of pack: uint8 [N/4, 4*K*bits/8] -> int8 [N, K] (the layers keep only the packed copy)
+torch::Tensor unpack(torch::Tensor packed, int64_t bits, int64_t K) {
+  TORCH_CHECK(bits == 4 || bits == 8, "bits: 4 or 8");
+  TORCH_CHECK(packed.dim() == 2 && packed.scalar_type() == at::kByte && K % 64 == 0 &&
+              packed.size(1) * 8 == R * K * bits, "packed: uint8 [N/4, 4*K*bits/8]");
+  auto pc = packed.contiguous();
+  const int64_t N = pc.size(0) * R, B = bits == 4 ? 32 : 64;
+  auto out = torch::empty({N, K}, pc.options().dtype(at::kChar));
+  const uint8_t* P = pc.data_ptr<uint8_t>();
+  int8_t* Q = out.data_ptr<int8_t>();
+  at::parallel_for(0, N, 64, [&](int64_t b, int64_t e) {
+    for (int64_t n = b; n < e; ++n)
+      for (int64_t k0 = 0; k0 < K; k0 += 64) {
+        const uint8_t* o = P + (n / R) * R * (K * bits / 8) + (k0 / 64) * R * B + (n % R) * B;
+        int8_t* q = Q + n * K + k0;
+        if (bits == 4)
+          for (int j = 0; j < 32; ++j) {
+            q[j] = int8_t((o[j] & 15) - 8);
+            q[32 + j] = int8_t((o[j] >> 4) - 8);
+          }
+        else
+          for (int j = 0; j < 64; ++j) q[j] = int8_t(o[j]);
+      }
+  });
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("mm", &mm, "weight-only matmul, INT4 (blocks of group) or INT8 (per row), bf16 activations");
   m.def("pack", &pack, "pack INT4 or INT8 values for mm");
+  m.def("unpack", &unpack, "the INT4 or INT8 values of a packed weight");
   m.def("layer_step", &layer_step, "one decoder layer's decode/verify step on the weight-only kernels");
 }
