@@ -144,31 +144,18 @@ def llamacpp(bin_dir: pathlib.Path, tool: str, ggufs: dict, prompt: str, n: int,
 HEAD = "+int8_head"  # a --target-formats suffix: quantization.lm_head int8_wo and runtime.batch_invariant
 
 
-def quantized_target(models: pathlib.Path, fmt: str) -> pathlib.Path:
-    """The target exported by ModelOpt for the torch runtime (made once, cached in models/);
-    ``FMT+int8_head`` also quantizes the LM head to INT8 (quantization.lm_head int8_wo)."""
+def quantized(models: pathlib.Path, fmt: str, model: str = TARGET) -> pathlib.Path:
+    """``model`` (the target, or the draft) exported by ModelOpt for the torch runtime (made once,
+    cached in models/); ``FMT+int8_head`` also quantizes the LM head to INT8 (quantization.lm_head
+    int8_wo)."""
     from trtspec.quantize import make_quantization, quantize_model
 
     base, head = fmt.removesuffix(HEAD), fmt.endswith(HEAD)
-    out = models / (f"{TARGET}-{base}-head_int8_wo-torch" if head else f"{TARGET}-{base}-torch")
+    out = models / (f"{model}-{base}-head_int8_wo-torch" if head else f"{model}-{base}-torch")
     if not (out / "trtspec.json").is_file():
-        print(f"quantizing the target to {fmt} with ModelOpt (once) ...", flush=True)
+        print(f"quantizing {model} to {fmt} with ModelOpt (once) ...", flush=True)
         q = make_quantization(base, "none", calib_size=16, calib_seq_len=256, lm_head="int8_wo" if head else "none")
-        quantize_model(models / TARGET, q, "torch", out, quality=None)
-    return out
-
-
-def quantized_draft(models: pathlib.Path, fmt: str) -> pathlib.Path:
-    """The draft exported by ModelOpt for the torch runtime (made once, cached in models/), as
-    :func:`quantized_target`."""
-    from trtspec.quantize import make_quantization, quantize_model
-
-    base, head = fmt.removesuffix(HEAD), fmt.endswith(HEAD)
-    out = models / (f"{DRAFT}-{base}-head_int8_wo-torch" if head else f"{DRAFT}-{base}-torch")
-    if not (out / "trtspec.json").is_file():
-        print(f"quantizing the draft to {fmt} with ModelOpt (once) ...", flush=True)
-        q = make_quantization(base, "none", calib_size=16, calib_seq_len=256, lm_head="int8_wo" if head else "none")
-        quantize_model(models / DRAFT, q, "torch", out, quality=None)
+        quantize_model(models / model, q, "torch", out, quality=None)
     return out
 
 
@@ -246,7 +233,7 @@ def main() -> int:
     formats = [f.strip() for f in args.target_formats.split(",") if f.strip()]
     targets = {}
     for fmt in formats:
-        folder = models / TARGET if fmt == "none" else quantized_target(models, fmt)
+        folder = models / TARGET if fmt == "none" else quantized(models, fmt)
         targets[fmt] = (folder, load_model(str(folder), torch.bfloat16, torch.device("cpu"))
                         .batch_invariant_(fmt.endswith(HEAD)))
     dformats = [f.strip() for f in args.draft_formats.split(",") if f.strip()]
@@ -255,7 +242,7 @@ def main() -> int:
         if dfmt == "int8":
             drafts[dfmt] = (models / DRAFT, load_causal_lm(models / DRAFT, dtype=torch.bfloat16).quantize_weight_only_())
         else:
-            folder = quantized_draft(models, dfmt)
+            folder = quantized(models, dfmt, DRAFT)
             drafts[dfmt] = (folder, load_model(str(folder), torch.bfloat16, torch.device("cpu")))
     greedy = Sampling(max_tokens=n, ignore_eos=True)
     max_len = max(len(p) for p in prompts) + n + k + 8

@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "scripts"))
 # the pair, and one request's decode rate, as scripts/bench_vs_llamacpp.py counts them
-from bench_vs_llamacpp import DRAFT, HEAD, TARGET, decode_rate, quantized_target  # noqa: E402
+from bench_vs_llamacpp import DRAFT, HEAD, TARGET, decode_rate, quantized  # noqa: E402
 
 
 def measure(engine, prompts, max_new: int) -> tuple[float, list[list[int]], float | None]:
@@ -108,7 +108,7 @@ def main() -> int:
     drafts = {d: load_model(str(models / DRAFT), torch.bfloat16, torch.device("cpu"),
                             weight_only="int8" if d == "int8" else "none") for d in args.drafts.split(",")}
     for fmt in args.formats.split(","):
-        folder = models / TARGET if fmt == "none" else quantized_target(models, fmt)  # made once where missing
+        folder = models / TARGET if fmt == "none" else quantized(models, fmt)  # made once where missing
         # FMT+int8_head: the LM head in INT8 too, batch-invariant (the lossless recipe)
         target = load_model(str(folder), torch.bfloat16, torch.device("cpu")).batch_invariant_(fmt.endswith(HEAD))
         for threads in (int(t) for t in args.threads.split(",")):
