@@ -127,6 +127,19 @@ class ModelSpec(Strict):
 # CLI's choices, the torch runtime and the renderer.
 
 
+class _SwitchesOff(Strict):
+    """What the methods that run in trtspec's torch runtime and TRT-LLM's PyTorch flow share."""
+
+    max_concurrency: int | None = Field(
+        None, ge=1,
+        description="speculate only while at most this many requests are being decoded; above it every step is "
+        "ordinary decoding (TRT-LLM's speculative_config.max_concurrency, PyTorch flow; the torch runtime does the "
+        "same). Where the target's weights are read once per step, as on a CPU or a memory-bound GPU, several "
+        "plain rows share that read and speculation stops paying at some concurrency: `trtspec run` reports the "
+        "speedup per concurrency level. None: always speculate",
+    )
+
+
 class NoSpeculation(Strict):
     """Ordinary autoregressive decoding (the baseline)."""
 
@@ -137,7 +150,7 @@ class NoSpeculation(Strict):
     proposer: ClassVar[str | None] = None
 
 
-class DraftTarget(Strict):
+class DraftTarget(_SwitchesOff):
     """A separate, smaller draft model proposes ``max_draft_len`` tokens; the target verifies."""
 
     method: Literal["draft_target"]
@@ -216,7 +229,7 @@ class Eagle(Strict):
         return self
 
 
-class Eagle3(Strict):
+class Eagle3(_SwitchesOff):
     """EAGLE-3 head: features from the target's low/mid/high hidden states + token embeddings,
     one decoder layer, the target's LM head. Torch runtime and TRT-LLM PyTorch flow."""
 
@@ -249,7 +262,7 @@ class Eagle3(Strict):
         return self
 
 
-class NGram(Strict):
+class NGram(_SwitchesOff):
     """Prompt lookup: match the last n tokens against the prompt and generated text."""
 
     method: Literal["ngram"]
@@ -336,7 +349,7 @@ class Lookahead(Strict):
         return lookahead_max_draft_len(self.window_size, self.ngram_size, self.verification_set_size)
 
 
-class MTP(Strict):
+class MTP(_SwitchesOff):
     """Multi-token prediction layers of the target itself (DeepSeek-style; TRT-LLM PyTorch flow)."""
 
     method: Literal["mtp"]
@@ -705,6 +718,13 @@ class Recipe(Strict):
                 "limits.pipeline_parallel_size",
                 self.limits.pipeline_parallel_size,
                 "EAGLE does not support pipeline parallelism; use tensor parallelism instead",
+            )
+        if getattr(self.speculation, "max_concurrency", None) is not None and backend == "trtllm-engine":
+            raise _FieldProblem(
+                "speculation.max_concurrency",
+                self.speculation.max_concurrency,
+                "the TensorRT-LLM engine flow has no run-time switch to stop speculating (TRT-LLM's "
+                "max_concurrency is PyTorch flow only); drop it, or use runtime.backend trtllm-pytorch or torch",
             )
         problem = draft_option_problem(method, backend, self.runtime.draft_weight_only, self.runtime.compile_draft)
         if problem is not None:

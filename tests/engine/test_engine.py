@@ -95,6 +95,30 @@ def test_batch_of_one_equals_batched(pair, prompts, plain_outputs):
     assert [o.token_ids for o in outs] == plain_outputs[:8]
 
 
+@pytest.mark.parametrize("max_concurrency", [None, 2])
+def test_max_concurrency_drafts_only_at_or_below_it(pair, prompts, plain_outputs, max_concurrency):
+    """speculation.max_concurrency: a step with more active requests drafts nothing; outputs stay
+    the plain ones, and the draft catches up on the tokens it missed when drafting resumes."""
+    target, draft = pair
+    proposer = DraftModelProposer(draft, 4, 1100)
+    eng = Engine(target, proposer, max_draft_len=3, max_concurrency=max_concurrency, max_batch_size=4)
+    active_when_drafting = []
+    propose = proposer.propose
+
+    def spy(slots, *args, **kw):
+        active_when_drafting.append(sum(s is not None for s in eng.slots))
+        return propose(slots, *args, **kw)
+
+    proposer.propose = spy
+    outs = eng.generate(prompts[:10], GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs[:10]
+    assert sum(o.stats.accepted for o in outs) > 0  # it still speculates (the last requests run alone)
+    if max_concurrency is None:
+        assert max(active_when_drafting) == 4
+    else:
+        assert max(active_when_drafting) <= max_concurrency
+
+
 def test_kv_cache_is_rolled_back_not_recomputed(pair, prompts):
     """Every target forward after prefill processes exactly K+1 new tokens: nothing is re-run."""
     target, draft = pair

@@ -169,3 +169,24 @@ def test_lm_head_is_checked_against_the_runtime(backend):
     else:
         assert len(failed) == 1 and failed[0].detail.startswith("target.quantization.lm_head='int8_wo'")
         assert backend in failed[0].detail and "lm_head: none" in failed[0].fix
+
+
+def test_max_concurrency_is_refused_where_it_cannot_switch_speculation_off():
+    ok = parse_recipe(with_("speculation.max_concurrency", 2))
+    assert ok.speculation.max_concurrency == 2
+    engine_flow = with_("runtime", {"backend": "trtllm-engine"}, with_("speculation.max_concurrency", 2))
+    with pytest.raises(ConfigErrors) as e:
+        parse_recipe(engine_flow)
+    msg = str(e.value)
+    assert "speculation.max_concurrency" in msg and "engine flow" in msg and "trtllm-pytorch" in msg
+    with pytest.raises(ConfigErrors, match="speculation.max_concurrency"):
+        parse_recipe(with_("speculation.max_concurrency", 0))
+
+
+def test_max_concurrency_reaches_the_llm_api_speculative_config():
+    from trtspec.trtllm.llmapi import speculative_config
+
+    base = with_("runtime", {"backend": "trtllm-pytorch"})
+    assert "max_concurrency" not in speculative_config(parse_recipe(base), speculative_model="/d")
+    cfg = speculative_config(parse_recipe(with_("speculation.max_concurrency", 4, base)), speculative_model="/d")
+    assert cfg["max_concurrency"] == 4 and cfg["decoding_type"] == "DraftTarget"

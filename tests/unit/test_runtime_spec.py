@@ -60,3 +60,16 @@ def test_a_version_1_spec_from_an_older_repository_reads_the_same():
 def test_an_engine_spec_built_by_hand_keeps_adaptive_drafting_off():
     assert RuntimeSpec(target="/t").runtime.adaptive.enabled is False
     assert _recipe().runtime.adaptive.enabled is True  # a recipe's default is on
+
+
+def test_max_concurrency_travels_from_the_recipe_and_the_baseline_drops_it():
+    r = parse_recipe({
+        "name": "mc", "target": {"model": "/m/target"},
+        "speculation": {"method": "draft_target", "draft": {"model": "/m/draft"}, "max_draft_len": 2,
+                        "max_concurrency": 1},
+    })
+    spec = RuntimeSpec.from_recipe(r)
+    assert spec.max_concurrency == 1
+    assert RuntimeSpec.from_json(spec.to_json()).max_concurrency == 1
+    assert spec.baseline().max_concurrency is None
+    assert RuntimeSpec.from_recipe(_recipe()).max_concurrency is None  # default: always speculate

@@ -102,6 +102,7 @@ class Engine:
         proposer: Proposer | None = None,
         *,
         max_draft_len: int = 4,
+        max_concurrency: int | None = None,
         max_batch_size: int = 8,
         max_seq_len: int = 1024,
         eos_token_id: int | None = None,
@@ -116,6 +117,8 @@ class Engine:
         self.verify_greedy_fn, self.verify_sampled_fn = verify_greedy_fn, verify_sampled_fn
         self.proposer = proposer
         self.max_draft_len = max_draft_len if proposer is not None else 0
+        # speculation.max_concurrency: a step with more requests than this drafts nothing (plain decoding)
+        self.max_concurrency = max_concurrency
         self.max_batch_size = max_batch_size
         self.max_seq_len = max_seq_len
         self.device = next(target.parameters()).device  # not lm_head.weight: the LM head may be an INT8 module
@@ -269,6 +272,8 @@ class Engine:
         slots = [self.slots[i] for i in rows]
         B = len(rows)
         ks = [self._draft_len(s) for s in slots]
+        if self.max_concurrency is not None and B > self.max_concurrency:  # rows share one read of the
+            ks = [k if s.external else 0 for k, s in zip(ks, slots)]     # weights: plain decoding pays more
         t0 = time.perf_counter()
 
         # 1. propose

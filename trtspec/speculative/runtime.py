@@ -92,6 +92,7 @@ def build_engine(spec: RuntimeSpec) -> Engine:
         target,
         proposer,
         max_draft_len=spec.max_draft_len,
+        max_concurrency=spec.max_concurrency,
         max_batch_size=spec.limits.max_batch_size,
         max_seq_len=spec.limits.max_seq_len,
         eos_token_id=eos,

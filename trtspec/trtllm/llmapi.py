@@ -28,6 +28,14 @@ def speculative_config(recipe: Recipe, *, speculative_model: str | None) -> dict
 
     ``speculative_model`` is the draft / EAGLE-3 head folder the server loads (the quantized
     export when the build made one)."""
+    cfg = _speculative_config(recipe, speculative_model=speculative_model)
+    max_concurrency = getattr(recipe.speculation, "max_concurrency", None)
+    if cfg is not None and max_concurrency is not None:
+        cfg["max_concurrency"] = max_concurrency  # speculation off above this batch size
+    return cfg
+
+
+def _speculative_config(recipe: Recipe, *, speculative_model: str | None) -> dict[str, Any] | None:
     s = recipe.speculation
     if isinstance(s, Eagle3):
         cfg: dict[str, Any] = {
