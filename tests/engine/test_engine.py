@@ -119,6 +119,25 @@ def test_max_concurrency_drafts_only_at_or_below_it(pair, prompts, plain_outputs
         assert max(active_when_drafting) <= max_concurrency
 
 
+def test_max_concurrency_draft_catches_up_after_plain_steps(pair, prompts):
+    """A request that decoded plainly beside another (max_concurrency 1) drafts again once alone,
+    and accepts as much as without the limit. (Weak on context: the tiny draft accepted as much
+    when a mutation fed it only the last two missed tokens; test_max_concurrency_drafts_only_at_or_below_it
+    and the token-identical outputs are the strong checks.)"""
+    target, draft = pair
+    rates = {}
+    for mc in (None, 1):
+        eng = Engine(target, DraftModelProposer(draft, 2, 1100), max_draft_len=3, max_concurrency=mc, max_batch_size=2)
+        agg = Aggregate()
+        for short, long in zip(prompts[10:16:2], prompts[11:17:2]):
+            outs = eng.generate([short, long], [Sampling(max_tokens=15, ignore_eos=True),
+                                                Sampling(max_tokens=80, ignore_eos=True)])
+            agg.add(outs[1].stats)
+        assert agg.drafted > 100, mc
+        rates[mc] = agg.acceptance_rate
+    assert abs(rates[1] - rates[None]) < 0.1, rates
+
+
 def test_kv_cache_is_rolled_back_not_recomputed(pair, prompts):
     """Every target forward after prefill processes exactly K+1 new tokens: nothing is re-run."""
     target, draft = pair
