@@ -53,12 +53,6 @@ def _model(bits: int, *, seed: int = 0, dtype=torch.bfloat16) -> CausalLM:
     return m
 
 
-def _torch_ops(m: CausalLM):
-    """The same model with the layer step switched off (the torch ops path)."""
-    m._kernel_layers = False
-    return m
-
-
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("T", [1, 3])
 def test_one_layer_matches_the_torch_ops(bits, T):

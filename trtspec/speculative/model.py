@@ -106,7 +106,33 @@ def _wo_mm(kernel, custom_op, x2, packed, scales, group: int, bits: int) -> torc
     return kernel.mm(x2, packed, scales, group, bits)
 
 
-class Int8Linear(nn.Module):
+class _WeightOnlyLinear(nn.Module):
+    """What :class:`Int8Linear` and :class:`Int4Linear` share: ``bits``; ``group``, the input
+    channels per scale (INT8: all of them, one scale per row); ``packed``, the CPU layout made on
+    first use; and, once trtspec's layout is made, that layout as the only copy of the weights."""
+
+    bits: int
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.packed is not None or self.qweight.is_cpu
+
+    @property
+    def int_values(self) -> torch.Tensor:
+        """The INT values [out, in] (INT4: in [-8, 7]), unpacked where the packed copy is the only one."""
+        if self.qweight is not None:
+            return self.qweight
+        kernel, _, packed, _ = self.packed
+        return kernel.unpack(packed, self.bits, self.in_features)
+
+    def _keep_packed_only(self) -> None:
+        """Once trtspec's CPU layout is made it is the only copy of the weights: the row-major INT
+        values go (a second copy of every quantized weight: 1.4 GiB for the Qwen 1.5B target), and
+        :attr:`int_values` unpacks them again for whoever asks (``dequantized``, tests)."""
+        self.qweight = None  # the buffer stays registered, empty (state_dict skips it)
+
+
+class Int8Linear(_WeightOnlyLinear):
     """A linear layer with INT8 weights, one scale per output channel (W8A16, "weight-only").
 
     The scales are ModelOpt's ``int8_wo`` / TRT-LLM's ``--weight_only_precision int8`` rule:
@@ -136,8 +162,11 @@ class Int8Linear(nn.Module):
             q = torch.round(w / scales.float()[:, None])
         self.register_buffer("qweight", q.clamp_(-127, 127).to(torch.int8).contiguous())
         self.register_buffer("scales", scales)
+        self.in_features = self.group = w.shape[1]
         self.bias = None if bias is None else bias.detach().clone()
         self.packed = None  # (kernel, op, weights, scales) on CPU, made on first use (see _pack)
+
+    bits = 8
 
     def _pack(self):
         """trtspec's CPU layout (kernels/wo_cpu.cpp) where it runs, else torch's (kernel None)."""
@@ -147,7 +176,7 @@ class Int8Linear(nn.Module):
             self.packed = (None, None, self.qweight, self.scales)
         else:
             self.packed = (kernel, op(), kernel.pack(self.qweight, 8), self.scales.float()[:, None].contiguous())
-            _keep_packed_only(self)
+            self._keep_packed_only()
         return self.packed
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -158,20 +187,17 @@ class Int8Linear(nn.Module):
             if kernel is None:
                 y = torch.ops.aten._weight_int8pack_mm(x2, w, scales)
             else:
-                y = _wo_mm(kernel, custom_op, x2, w, scales, x2.shape[-1], 8)
+                y = _wo_mm(kernel, custom_op, x2, w, scales, self.group, self.bits)
         else:
             y = F.linear(x2, self.qweight.to(torch.bfloat16)) * self.scales
         y = y.to(x.dtype).view(*lead, -1)
         return y if self.bias is None else y + self.bias
 
-    on_cpu = property(lambda self: self.packed is not None or self.qweight.is_cpu)
-    int_values = property(lambda self: _int_values(self, 8))
-
     def dequantized(self) -> torch.Tensor:
         return self.int_values.float() * self.scales.float()[:, None]
 
 
-class Int4Linear(nn.Module):
+class Int4Linear(_WeightOnlyLinear):
     """A linear layer with INT4 weights in blocks of ``group`` input channels (W4A16), as ModelOpt's
     ``int4_wo`` / ``int4_awq`` store them: per block ``scale = amax / 7``, ``q = round(w / scale)``
     in [-8, 7], symmetric. On CPU the matmul runs in torch's INT4 kernel
@@ -193,19 +219,21 @@ class Int4Linear(nn.Module):
         a = amax.detach().float().reshape(out_f, in_f // group).clamp_min(1e-12)
         scale = a / 7.0
         q = torch.round(w.view(out_f, in_f // group, group) / scale[..., None]).clamp_(-8, 7)
-        self.group = group
+        self.group, self.in_features = group, in_f
         self.register_buffer("qweight", q.view(out_f, in_f).to(torch.int8).contiguous())  # the INT4 values
         self.register_buffer("scales", scale.to(torch.bfloat16).contiguous())  # [out, groups]
         self.packed = None  # torch's CPU INT4 layout, made on first use on CPU
         self.pre_quant_scale = None if pre_quant_scale is None else pre_quant_scale.detach().clone()
         self.bias = None if bias is None else bias.detach().clone()
 
+    bits = 4
+
     def _pack(self):
         kernel = wo_cpu()
         if kernel is not None and self.qweight.shape[0] % 4 == 0 and self.group % 64 == 0:
             # trtspec's AVX512-BF16 kernel (kernels/wo_cpu.cpp)
             self.packed = (kernel, op(), kernel.pack(self.qweight, 4), self.scales.float().contiguous())
-            _keep_packed_only(self)
+            self._keep_packed_only()
         else:
             q = (self.qweight.to(torch.int32) + 8).contiguous()
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
@@ -223,7 +251,7 @@ class Int4Linear(nn.Module):
             if kernel is None:
                 y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2, packed, self.group, scales)
             else:
-                y = _wo_mm(kernel, custom_op, x2, packed, scales, self.group, 4)
+                y = _wo_mm(kernel, custom_op, x2, packed, scales, self.group, self.bits)
         else:
             out_f, in_f = self.qweight.shape
             w = (self.qweight.view(out_f, in_f // self.group, self.group).to(torch.bfloat16)
@@ -231,25 +259,6 @@ class Int4Linear(nn.Module):
             y = F.linear(x2, w)
         y = y.to(x.dtype).view(*lead, -1)
         return y if self.bias is None else y + self.bias
-
-    on_cpu = property(lambda self: self.packed is not None or self.qweight.is_cpu)
-    int_values = property(lambda self: _int_values(self, 4))
-
-
-def _keep_packed_only(lin: "Int8Linear | Int4Linear") -> None:
-    """Once trtspec's CPU layout is made it is the only copy of the weights: the row-major INT
-    values go (a second copy of every quantized weight: 1.3 GB for the Qwen 1.5B target), and
-    :attr:`int_values` unpacks them again for whoever asks (``dequantized``, tests)."""
-    lin._in_features = lin.qweight.shape[1]
-    lin.qweight = None  # the buffer stays registered, empty (state_dict skips it)
-
-
-def _int_values(lin: "Int8Linear | Int4Linear", bits: int) -> torch.Tensor:
-    """The INT values [out, in] (INT4: in [-8, 7]), from the packed copy where that is the only one."""
-    if lin.qweight is not None:
-        return lin.qweight
-    kernel, _, packed, _ = lin.packed
-    return kernel.unpack(packed, bits, lin._in_features)
 
 
 @torch.no_grad()
@@ -335,7 +344,7 @@ def _kernel_layer(layer: "DecoderLayer"):
         return None
     meta = [at.n_heads, at.n_kv, at.head_dim]
     for q in projs:
-        meta += [q.group if type(q) is Int4Linear else q._in_features, 4 if type(q) is Int4Linear else 8]
+        meta += [q.group, q.bits]
     (_, _, qkv_w, qkv_s), (_, _, o_w, o_s), (_, _, gu_w, gu_s), (_, _, d_w, d_s) = packed
     weights = [layer.input_layernorm.weight.detach(), qkv_w, qkv_s,
                bias if bias is not None else torch.empty(0, dtype=torch.bfloat16), o_w, o_s,

@@ -282,7 +282,8 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> w, std::vec
   const int64_t M = x.size(0), Hd = x.size(1), H = meta[0], Hkv = meta[1], D = meta[2], G = H / Hkv;
   const int64_t Bn = int64_t(cache_rows.size());
   TORCH_CHECK(Bn == int64_t(starts.size()) && Bn * T == M, "rows/starts: one per row of T tokens");
-  TORCH_CHECK(Hd % 64 == 0 && D % 16 == 0 && H % Hkv == 0, "hidden a multiple of 64, head_dim of 16");
+  TORCH_CHECK(Hd % 64 == 0 && D % 16 == 0 && D <= 512 && H % Hkv == 0,
+              "hidden a multiple of 64, head_dim a multiple of 16 up to 512");
   for (const auto& c : {k_cache, v_cache})
     TORCH_CHECK(c.scalar_type() == at::kBFloat16 && c.is_contiguous() && c.dim() == 4 && c.size(1) == Hkv &&
                 c.size(3) == D, "cache: contiguous bf16 [rows, Hkv, L, D]");
@@ -327,8 +328,7 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> w, std::vec
     const uint16_t *c = C + pos * D, *s = S + pos * D;
     for (int64_t head = 0; head < H + Hkv; ++head) {  // RoPE on q and k: round(round(x cos) + round(rot(x) sin))
       uint16_t* v = r + head * D;
-      alignas(64) uint16_t rot[512];
-      TORCH_CHECK(D <= 512, "head_dim up to 512");
+      alignas(64) uint16_t rot[512];  // D <= 512: checked above
       for (int64_t d = 0; d < D / 2; ++d) {
         rot[d] = v[d + D / 2] ^ 0x8000;  // -x: flip the sign bit (exact)
         rot[d + D / 2] = v[d];

@@ -152,18 +152,18 @@ class RoutingPolicy:
         off), only those count as speculative passes, at their own batch size; its plain passes are
         target steps, as a baseline request's are. Otherwise every pass is a speculative one."""
         passes = perf.get("target_passes") or 0
-        spec_passes, spec_verify = passes, perf.get("verify_s")
+        spec_passes, spec_verify, batch = passes, perf.get("verify_s"), _batch(perf)
         if perf.get("drafting_passes") is not None and perf.get("drafting_verify_s") is not None:
             spec_passes, spec_verify = perf["drafting_passes"], perf["drafting_verify_s"]
             plain = passes - spec_passes
             if plain and perf.get("verify_s") is not None:  # its plain passes: target steps at its batch
-                self._costs[_batch(perf)]["target"].add((perf["verify_s"] - spec_verify) / plain)
-            if spec_passes:
-                perf = {**perf, "mean_batch": perf.get("drafting_mean_batch") or perf.get("mean_batch")}
+                self._costs[batch]["target"].add((perf["verify_s"] - spec_verify) / plain)
+            if spec_passes:  # the drafting passes' own batch size
+                batch = _batch({"mean_batch": perf.get("drafting_mean_batch")})
         if not spec_passes:
             return
-        self._batch = _batch(perf)
-        c = self._costs[self._batch]
+        self._batch = batch
+        c = self._costs[batch]
         if drafted > 0 and perf.get("draft_s") is not None:
             c["draft"].add(perf["draft_s"] / drafted)
         if spec_verify is not None:
