@@ -9,7 +9,6 @@ import pytest
 
 from trtspec.triton.backend.detok import DetokWindow
 from trtspec.triton.backend.requests import RequestInputError, engine_inputs, parse_generation
-from trtspec.speculative.stats import RequestStats
 from trtspec.triton.backend.routing import RoutingPolicy, acceptance_rate_at
 
 # ------------------------------------------------------------------------------ detokenization
@@ -116,38 +115,6 @@ def test_break_even_compares_costs_at_the_same_batch_size():
     assert alone == pytest.approx(1.0)  # (k+1) / (k·1 + 5) < 1: never pays alone
     assert batched == pytest.approx(acceptance_rate_at(break_even_acceptance(1 / 3, 4, 5 / 3), 4))
     assert batched < 0.6 and not p.fallback_active
-
-
-def test_break_even_counts_only_the_passes_that_drafted():
-    """speculation.max_concurrency (or the adaptive length) turns drafting off for some passes of a
-    speculative request. Those plain passes are target steps; the request's speculation is judged
-    by its drafting passes, at their batch size: here 10 passes alone (2.4 ms verify, 2 tokens
-    drafted each) among 30 (20 plain ones at batch 2, 3 ms each)."""
-    from trtspec.acceptance import break_even_acceptance
-
-    mixed = {"target_passes": 30, "draft_s": 0.004, "verify_s": 0.084, "mean_batch": 1.67,
-             "drafting_passes": 10, "drafting_verify_s": 0.024, "drafting_mean_batch": 1.0}
-    p = RoutingPolicy(1.0, window=16)
-    p.record_baseline({"target_passes": 50, "verify_s": 0.10, "mean_batch": 1.0})  # 2 ms a step alone
-    p.record_speculative(20, 18, mixed)  # c = 0.2 ms per draft token / 2 ms, v = 2.4 / 2, k = 2
-    assert p.break_even == pytest.approx(acceptance_rate_at(break_even_acceptance(0.1, 2, 1.2), 2))
-    assert not p.fallback_active  # 0.9 accepted pays at these costs
-    # its 20 plain passes were recorded as target steps at batch 2 (3 ms each)
-    assert p._costs[2]["target"].value == pytest.approx(0.003)
-    # without the drafting fields (an older engine), every pass counts as speculative, as before
-    q = RoutingPolicy(1.0, window=16)
-    q.record_baseline({"target_passes": 50, "verify_s": 0.10, "mean_batch": 1.0})
-    q.record_speculative(20, 18, {k: v for k, v in mixed.items() if not k.startswith("drafting")})
-    assert q.break_even != p.break_even
-
-
-def test_drafting_passes_reach_perf_json():
-    s = RequestStats()
-    s.record_step(drafted=2, accepted=2, draft_s=0.001, verify_s=0.004, batch=1)
-    s.record_step(drafted=0, accepted=0, draft_s=0.0, verify_s=0.003, batch=2)
-    d = s.to_dict()
-    assert (d["target_passes"], d["drafting_passes"], d["drafting_mean_batch"]) == (2, 1, 1.0)
-    assert d["drafting_verify_s"] == pytest.approx(0.004) and d["mean_batch"] == 1.5
 
 
 def test_mean_batch_reaches_perf_json_per_request_and_summed():

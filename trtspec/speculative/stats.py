@@ -47,12 +47,6 @@ class RequestStats(_Acceptance):
     accepted: int = 0
     steps: int = 0  # target verification passes after prefill
     batch_rows: int = 0  # Σ over those passes of the rows in the pass (this request's included)
-    # the passes in which this request drafted (not every pass does: speculation.max_concurrency,
-    # the adaptive draft length): how many, their verify time and rows. The router judges
-    # speculation by these, not by plain passes of a speculative request
-    drafting_steps: int = 0
-    drafting_verify_s: float = 0.0
-    drafting_rows: int = 0
     tokens_per_step: collections.Counter = field(default_factory=collections.Counter)  # n+1 → count
     reached: list[int] = field(default_factory=list)  # draft position i (0-based) was verified
     accepted_at: list[int] = field(default_factory=list)  # draft position i was accepted
@@ -76,10 +70,6 @@ class RequestStats(_Acceptance):
         self.tokens_per_step[accepted + 1] += 1
         self.draft_s += draft_s
         self.verify_s += verify_s
-        if drafted:
-            self.drafting_steps += 1
-            self.drafting_verify_s += verify_s
-            self.drafting_rows += batch
         # position i is verified if every earlier one was accepted
         for i in range(min(accepted + 1, drafted)):
             while len(self.reached) <= i:
@@ -115,9 +105,6 @@ class RequestStats(_Acceptance):
             "acceptance_length": round(self.acceptance_length, 4),
             "target_passes": self.steps,
             "mean_batch": round(self.mean_batch, 3),
-            "drafting_passes": self.drafting_steps,
-            "drafting_verify_s": round(self.drafting_verify_s, 6),
-            "drafting_mean_batch": round(self.drafting_rows / self.drafting_steps, 3) if self.drafting_steps else None,
             "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),

@@ -143,35 +143,18 @@ class RoutingPolicy:
                     self._drafted -= d
                     self._accepted -= a
             if perf:
-                self._record_costs(drafted, perf)
+                passes = perf.get("target_passes") or 0
+                self._batch = _batch(perf)
+                c = self._costs[self._batch]
+                if drafted > 0 and perf.get("draft_s") is not None:
+                    c["draft"].add(perf["draft_s"] / drafted)
+                if passes and perf.get("verify_s") is not None:
+                    c["verify"].add(perf["verify_s"] / passes)
+                    c["draft_len"].add(drafted / passes)
+                    o = _overhead_per_pass(perf, passes)
+                    if o is not None:
+                        c["spec_other"].add(o)
             self._update()
-
-    def _record_costs(self, drafted: int, perf: dict) -> None:
-        """A speculative request's costs. Where the engine says which passes drafted
-        (``drafting_passes``: speculation.max_concurrency or the adaptive draft length turn some
-        off), only those count as speculative passes, at their own batch size; its plain passes are
-        target steps, as a baseline request's are. Otherwise every pass is a speculative one."""
-        passes = perf.get("target_passes") or 0
-        spec_passes, spec_verify, batch = passes, perf.get("verify_s"), _batch(perf)
-        if perf.get("drafting_passes") is not None and perf.get("drafting_verify_s") is not None:
-            spec_passes, spec_verify = perf["drafting_passes"], perf["drafting_verify_s"]
-            plain = passes - spec_passes
-            if plain and perf.get("verify_s") is not None:  # its plain passes: target steps at its batch
-                self._costs[batch]["target"].add((perf["verify_s"] - spec_verify) / plain)
-            if spec_passes:  # the drafting passes' own batch size
-                batch = _batch({"mean_batch": perf.get("drafting_mean_batch")})
-        if not spec_passes:
-            return
-        self._batch = batch
-        c = self._costs[batch]
-        if drafted > 0 and perf.get("draft_s") is not None:
-            c["draft"].add(perf["draft_s"] / drafted)
-        if spec_verify is not None:
-            c["verify"].add(spec_verify / spec_passes)
-            c["draft_len"].add(drafted / spec_passes)
-            o = _overhead_per_pass(perf, passes)
-            if o is not None:
-                c["spec_other"].add(o)
 
     def record_baseline(self, perf: dict | None = None) -> None:
         """A baseline request finished; its verify time per pass is one target step."""
