@@ -40,7 +40,7 @@ from trtspec.client.loadgen import BenchSettings, run_bench
 from trtspec.config import parse_recipe
 from trtspec.triton.procs import alive, stubs_of, workers_of
 from trtspec.triton.render import package
-from trtspec.triton.launch.server import SHM_DIR, TritonServer
+from trtspec.triton.launch.server import SHM_DIR, TritonServer, native_abort
 from trtspec.triton.launch.watchdog import WatchdogSettings
 from tests.serving.triton_stream import metric, metrics
 
@@ -86,6 +86,14 @@ class Deployment:
             else:
                 os.environ["OMP_WAIT_POLICY"] = old
         return time.monotonic() - t0
+
+    def aborted(self) -> str | None:
+        """The native abort that took tritonserver down, from its log; None while it runs."""
+        return native_abort(self.server.log_text()) if self.server.proc.poll() is not None else None
+
+    def restart(self) -> None:
+        self.server.stop()
+        self.start()
 
     @property
     def url(self) -> str:
@@ -350,6 +358,24 @@ def _reloaded(deployment, model: str, since: int) -> float:
     return next(e.seconds for e in deployment.server.watchdog.events[since:] if e.kind == "reloaded" and e.model == model)
 
 
+def unless_triton_aborts(deployment, fault, *args):
+    """``fault(deployment, *args)``, tried again on a new server if Triton itself aborted.
+
+    A SIGKILLed stub can take Triton 2.51 down with it: its python backend aborts on a shared-memory
+    lock the dead stub held (boost::interprocess::lock_exception; 1 router kill in 18 here, and in
+    CI; docs/reliability.md). Only that abort, recognised in the server's log, is reported and
+    tried again, three tries in all; any other failure fails at once."""
+    for attempt in (1, 2, 3):
+        try:
+            return fault(deployment, *args)
+        except (Exception, pytest.fail.Exception):
+            abort = deployment.aborted()
+            if abort is None or attempt == 3:
+                raise
+            report(fault=fault.__name__, attempt=attempt, triton_aborted=abort)
+            deployment.restart()
+
+
 def _killed_mid_stream(deployment, reference, kill, match: str) -> dict:
     """Stream a long request through ``ensemble`` and call ``kill()`` at its third chunk, with
     bystanders on the baseline; then wait for the watchdog's reload of ``tensorrt_llm`` and for the
@@ -387,6 +413,10 @@ def _killed_mid_stream(deployment, reference, kill, match: str) -> dict:
 
 
 def test_engine_stub_killed_mid_stream(deployment, reference):
+    unless_triton_aborts(deployment, _engine_stub_killed_mid_stream, reference)
+
+
+def _engine_stub_killed_mid_stream(deployment, reference):
     stub = deployment.stub("tensorrt_llm_0_0")
     orphaned = workers_of(stub)  # the dead stub's worker must exit with it
     timings = _killed_mid_stream(deployment, reference, lambda: os.kill(stub, signal.SIGKILL),
@@ -399,6 +429,10 @@ def test_engine_worker_killed_mid_stream(deployment, reference):
     """serving.engine_process worker: the engine's own process dies mid-stream. The stub sees it at
     once (EOF on its socket), fails the request, exits; the watchdog reloads the model as for a
     dead stub, and the reloaded model serves the same greedy output from a new worker."""
+    unless_triton_aborts(deployment, _engine_worker_killed_mid_stream, reference)
+
+
+def _engine_worker_killed_mid_stream(deployment, reference):
     stub = deployment.stub("tensorrt_llm_0_0")
     (worker,) = workers_of(stub)
     timings = _killed_mid_stream(deployment, reference, lambda: os.kill(worker, signal.SIGKILL),
@@ -432,6 +466,10 @@ def test_router_stub_killed_mid_stream(deployment, reference):
     Triton 2.51: the client's deadline ends them. The watchdog reloads the engine it called, then
     the router. The engine is not stuck: the router's gRPC stream to it died with the router, so
     no old engine instance is left holding requests (over BLS it was: killed_stuck)."""
+    unless_triton_aborts(deployment, _router_stub_killed_mid_stream, reference)
+
+
+def _router_stub_killed_mid_stream(deployment, reference):
     events = len(deployment.server.watchdog.events)
     old_engine = deployment.stub("tensorrt_llm_baseline_0_0")
     killed = []

@@ -17,7 +17,8 @@ import urllib.request
 import pytest
 
 from trtspec.errors import ServerError
-from trtspec.triton.launch.server import StopRequested, StopSignals, TritonServer, model_failures, models_still_loading
+from trtspec.triton.launch.server import (StopRequested, StopSignals, TritonServer, model_failures, models_still_loading,
+                                          native_abort)
 
 ECHO_CONFIG = """name: "{name}"
 backend: "python"
@@ -141,6 +142,34 @@ def test_log_parsing():
     assert model_failures(stub_error) == {"m": "Internal: ModelError: target model folder not found: /x; fix: check the path"}
     assert models_still_loading(log) == []
     assert models_still_loading('"loading: a:1"\n"loading: b:1"\n"successfully loaded \'a\'"') == ["b"]
+
+
+# the lines tritonserver 2.51 printed when a SIGKILLed router stub took it down (tests/serving/test_faults.py)
+ABORT_LOG = """I1205 00:44:25.336031 6823 model_lifecycle.cc:624] "successfully unloaded 'tensorrt_llm_baseline' version 1"
+terminate called after throwing an instance of 'boost::interprocess::lock_exception'
+  what():  boost::interprocess::lock_exception
+Signal (6) received.
+I1205 00:44:36.935621 6823 model_lifecycle.cc:472] "loading: ensemble_baseline:1"
+ 0# 0x00005610BFD8952D in /x/tritonserver
+"""
+
+
+def test_a_native_abort_is_named_with_its_known_cause(tmp_path):
+    said = native_abort(ABORT_LOG)
+    assert said.startswith("tritonserver aborted: uncaught boost::interprocess::lock_exception, signal 6: ")
+    assert "python stub died while holding one of its shared-memory locks" in said
+    assert native_abort("terminate called after throwing an instance of 'std::bad_alloc'\n") == \
+        "tritonserver aborted: uncaught std::bad_alloc"
+    assert native_abort("Signal (11) received.\n") == "tritonserver aborted: a fatal signal, signal 11"
+    assert native_abort('I1205 "successfully loaded \'a\'"\nE1205 x] "Signal (6) received." in a message') is None
+    # the launcher's error when the server is gone says it, and how to get serving again
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    server = TritonServer(repo, workdir=tmp_path / "w")
+    server.log_path = tmp_path / "tritonserver.log"
+    server.log_path.write_text(ABORT_LOG)
+    err = server._failure("tritonserver exited by itself (code -6)")
+    assert "lock_exception" in err.message and err.fix.startswith("restart the server")
 
 
 def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):

@@ -194,6 +194,31 @@ def models_still_loading(log: str) -> list[str]:
     return [m for m in dict.fromkeys(loading) if m not in done]
 
 
+# what tritonserver prints, unprefixed, on its way down from a native abort
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
+_SIGNAL = re.compile(r"^Signal \((\d+)\) received\.", re.M)
+# aborts whose cause is known (measured here), and what they mean for the deployment
+KNOWN_ABORTS = {
+    "boost::interprocess::lock_exception": (
+        "Triton 2.51's python backend aborts the whole server when a python stub died while holding one "
+        "of its shared-memory locks (a stub killed by SIGKILL or the OOM killer); the watchdog reloads a "
+        "dead stub, but cannot stop this abort (docs/reliability.md)"),
+}
+
+
+def native_abort(log: str) -> str | None:
+    """What a tritonserver that aborted in native code printed (the uncaught exception and the
+    signal), with the known cause when there is one; None when the log shows no abort."""
+    sig = _SIGNAL.search(log)
+    exc = _TERMINATE.findall(log)
+    if sig is None and not exc:
+        return None
+    what = f"uncaught {exc[-1]}" if exc else "a fatal signal"
+    said = f"tritonserver aborted: {what}" + (f", signal {sig.group(1)}" if sig else "")
+    cause = KNOWN_ABORTS.get(exc[-1]) if exc else None
+    return f"{said}: {cause}" if cause else said
+
+
 def other_errors(log: str, limit: int = 8) -> list[str]:
     """Server-level error lines (``E…`` glog lines and ``error:``), without the CPU-only noise."""
     noise = ("CUDA", "NVML", "DCGM", "pinned", "CudaDriverHelper", "cuda")
@@ -450,7 +475,10 @@ class TritonServer:
         failed = model_failures(log)
         lines = [headline]
         fix = f"read the full log: {self.log_path}"
-        if failed:
+        if abort := native_abort(log):
+            lines.append(abort)
+            fix = f"restart the server (trtspec serve exits non-zero so that an orchestrator does); {fix}"
+        elif failed:
             lines.append("models that failed to load:")
             lines += [f"  {name}: {_shorten(reason)}" for name, reason in failed.items()]
         elif timeout and (stuck := models_still_loading(log)):
