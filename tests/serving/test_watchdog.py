@@ -139,6 +139,22 @@ def test_a_crash_loop_makes_the_watchdog_give_up(tmp_path):
         assert "failed 2 times within 600 s" in err.message and "tritonserver log" in err.fix
 
 
+def test_a_server_that_aborts_is_said_to_have_aborted_not_a_failed_reload(tmp_path):
+    """tritonserver itself aborting (as Triton 2.51 does when a stub dies holding a shared-memory
+    lock; here SIGABRT from outside): the watchdog's reload says the server is gone, and the
+    launcher's error names the abort and says to restart."""
+    model(tmp_path / "repo", "echo")
+    settings = WatchdogSettings(interval_s=3600, probe_every_s=None, load_timeout_s=60)  # reloads by hand
+    with TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=60, watchdog=settings) as s:
+        os.kill(s.proc.pid, signal.SIGABRT)
+        s.proc.wait(30)
+        with pytest.raises(ServerError, match=rf"'echo' not reloaded: tritonserver \(pid {s.proc.pid}\) exited"):
+            s.watchdog.reload("echo")
+        with pytest.raises(ServerError, match=r"exited by itself(?s:.*)tritonserver aborted: a fatal signal, signal 6") as e:
+            s.serve_forever()
+        assert e.value.fix.startswith("restart the server")
+
+
 def test_a_killed_server_leaves_nothing_behind(tmp_path):
     model(tmp_path / "repo", "echo")
     s = TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=60).start()
