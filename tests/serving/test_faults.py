@@ -362,8 +362,8 @@ def unless_triton_aborts(deployment, fault, *args):
     """``fault(deployment, *args)``, tried again on a new server if Triton itself aborted.
 
     A SIGKILLed stub can take Triton 2.51 down with it: its python backend aborts on a shared-memory
-    lock the dead stub held (boost::interprocess::lock_exception; 1 router kill in 18 here, and in
-    CI; docs/reliability.md). Only that abort, recognised in the server's log, is reported and
+    lock the dead stub held (boost::interprocess::lock_exception; 3 router kills in 40 in
+    scripts/stub_kill_aborts.py, and once in CI; docs/reliability.md). Only that abort, recognised in the server's log, is reported and
     tried again, three tries in all; any other failure fails at once."""
     for attempt in (1, 2, 3):
         try:
