@@ -121,20 +121,40 @@ def test_max_concurrency_drafts_only_at_or_below_it(pair, prompts, plain_outputs
 
 def test_max_concurrency_draft_catches_up_after_plain_steps(pair, prompts):
     """A request that decoded plainly beside another (max_concurrency 1) drafts again once alone,
-    and accepts as much as without the limit. (Weak on context: the tiny draft accepted as much
-    when a mutation fed it only the last two missed tokens; test_max_concurrency_drafts_only_at_or_below_it
-    and the token-identical outputs are the strong checks.)"""
+    from the whole context: its first proposal then equals that of a fresh draft prefilled with the
+    whole sequence (a catch-up that skipped missed tokens would draft from a different context),
+    and it accepts as much as without the limit."""
     target, draft = pair
     rates = {}
     for mc in (None, 1):
-        eng = Engine(target, DraftModelProposer(draft, 2, 1100), max_draft_len=3, max_concurrency=mc, max_batch_size=2)
+        proposer = DraftModelProposer(draft, 2, 1100)
+        eng = Engine(target, proposer, max_draft_len=3, max_concurrency=mc, max_batch_size=2)
+        calls = []
+        propose = proposer.propose
+
+        def spy(slots, seqs, ks, params, generators, _propose=propose, _calls=calls):
+            out = _propose(slots, seqs, ks, params, generators)
+            _calls.append(([list(q) for q in seqs], ks, out.tokens.tolist()))
+            return out
+
+        proposer.propose = spy
         agg = Aggregate()
+        resumed = []
         for short, long in zip(prompts[10:16:2], prompts[11:17:2]):
+            calls.clear()
             outs = eng.generate([short, long], [Sampling(max_tokens=15, ignore_eos=True),
                                                 Sampling(max_tokens=80, ignore_eos=True)])
             agg.add(outs[1].stats)
+            if mc == 1:
+                assert all(len(seqs) == 1 for seqs, _, _ in calls)  # never two rows drafting
+                resumed.append((len(long), *calls[0]))  # the long request's first round, after plain steps
         assert agg.drafted > 100, mc
         rates[mc] = agg.acceptance_rate
+    for prompt_len, (seq,), (k,), (tokens,) in resumed:
+        assert len(seq) >= prompt_len + 15  # it missed the 15 plain steps beside the short request
+        fresh = DraftModelProposer(draft, 1, 1100)
+        fresh.prefill(0, seq)
+        assert fresh.propose([0], [seq], [k], [Sampling()], [None]).tokens.tolist()[0] == tokens[:k]
     assert abs(rates[1] - rates[None]) < 0.1, rates
 
 
