@@ -24,7 +24,7 @@ from tritonclient.utils import InferenceServerException
 from tests.serving.test_contract_serving import SET, arr, recipe_dict, stream, tensors, text_request
 from tests.serving.triton_stream import metric, metrics
 from trtspec.config import parse_recipe
-from trtspec.triton.contract import nvidia_contract
+from trtspec.triton.contract import EXTRA_INPUTS, nvidia_contract
 from trtspec.triton.launch.server import TritonServer
 from trtspec.triton.render import package
 
@@ -71,7 +71,8 @@ def unary_url(tiny_models, tmp_path_factory):
 
 
 def test_the_table_covers_every_declared_bls_input():
-    names = {t["name"] for t in nvidia_contract()["tensorrt_llm_bls"]["inputs"]} | {"random_seed"}
+    names = {t["name"] for t in nvidia_contract()["tensorrt_llm_bls"]["inputs"]} | \
+        {n for m, n in EXTRA_INPUTS if m == "tensorrt_llm_bls"}
     assert names - {"text_input", "max_tokens"} == set(BLS_SET)
 
 

@@ -135,6 +135,7 @@ SET = {
     "frequency_penalty": (arr(0.5, np.float32), False),
     "seed": (arr(3, np.uint64), False),
     "random_seed": (arr(3, np.uint64), False),
+    "min_length": (arr(4, np.int32), False),
     "return_log_probs": (arr(True, bool), False),
     "return_context_logits": (arr(False, bool), False),
     "return_generation_logits": (arr(False, bool), False),
@@ -158,9 +159,9 @@ REFUSED_VALUES = {"beam_width": arr(2, np.int32), "return_context_logits": arr(T
 
 
 def test_the_table_covers_every_declared_ensemble_input():
-    from trtspec.triton.contract import nvidia_contract
+    from trtspec.triton.contract import EXTRA_INPUTS, nvidia_contract
 
-    names = {t["name"] for t in nvidia_contract()["ensemble"]["inputs"]} | {"random_seed"}
+    names = {t["name"] for t in nvidia_contract()["ensemble"]["inputs"]} | {n for m, n in EXTRA_INPUTS if m == "ensemble"}
     assert names - {"text_input", "max_tokens"} == set(SET)
 
 
@@ -188,8 +189,10 @@ PROCESSORS = {
     # words taken from each prompt's own greedy output (see the test), so they always occur
     "stop_words": {"stop_words": "token 4 of the output"},
     "bad_words": {"bad_words": "tokens 1 and 3 of the output"},
-    # end_id = the id of "(" (frequent in code), so that without min_tokens the output ends early
-    "min_tokens": {"min_tokens": arr(12, np.int32), "max_tokens": arr(24, np.int32), "end_id": "("},
+    # end_id = token 6 of the output, so that without min_tokens the output ends by then
+    "min_tokens": {"min_tokens": arr(12, np.int32), "max_tokens": arr(24, np.int32), "end_id": "token 6"},
+    # its name before c2e65b8, which genai-perf 0.0.16 sends for --output-tokens-mean-deterministic
+    "min_length": {"min_length": arr(12, np.int32), "max_tokens": arr(24, np.int32), "end_id": "token 6"},
     "repetition_penalty": {"repetition_penalty": arr(1.5, np.float32)},
     "presence_penalty": {"presence_penalty": arr(1.5, np.float32)},
     "frequency_penalty": {"frequency_penalty": arr(1.0, np.float32)},
@@ -200,14 +203,18 @@ PROCESSORS = {
 @pytest.mark.parametrize("streaming", [False, True])
 def test_greedy_speculation_equals_the_baseline_under_each_processor(url, name, streaming, tokenizer):
     extra = {**PROCESSORS[name], "stream": arr(streaming, bool), "exclude_input_in_output": arr(True, bool)}
-    if extra.get("end_id") == "(":
-        extra["end_id"] = arr(tokenizer("(", add_special_tokens=False)["input_ids"][-1], np.int32)
     prompts = [PROMPT, "import os\nimport sys\n\ndef main(", "class Error(Exception):\n    "]
     changed = False
     for p in prompts:
+        # the same request without the processor (max_tokens kept)
         free = stream(url, "ensemble_baseline", text_request(p, **{k: v for k, v in extra.items()
-                                                                   if k not in PROCESSORS[name] or k == "end_id"}))
-        assert free.error is None and len(free.ids()) > 4, free.error
+                                                                   if k not in PROCESSORS[name] or k == "max_tokens"}))
+        assert free.error is None and len(free.ids()) > 6, free.error
+        if name.startswith("min_"):  # with end_id alone the output stops at token 6 at the latest
+            extra["end_id"] = arr(free.ids()[5], np.int32)
+            stopped = stream(url, "ensemble_baseline", text_request(p, **{k: v for k, v in extra.items() if k != name}))
+            assert stopped.error is None and len(stopped.ids()) <= 6, (p, stopped.ids())
+            free = stopped
         if name == "stop_words":
             extra["stop_words"] = arr([tokenizer.decode(free.ids()[4:5])], object)
         if name == "bad_words":
@@ -217,6 +224,8 @@ def test_greedy_speculation_equals_the_baseline_under_each_processor(url, name, 
         for r in (spec, base):
             assert r.error is None, r.error
         assert spec.ids() == base.ids() and spec.text() == base.text(), p
+        if name.startswith("min_"):
+            assert len(base.ids()) >= 12, (p, len(base.ids()))
         assert spec.responses[-1].as_numpy("served_by").reshape(-1)[0] == b"speculative"
         changed |= base.ids() != free.ids()[: len(base.ids())] or len(base.ids()) != len(free.ids())
     assert changed, f"{name} changed no output: the test would prove nothing"

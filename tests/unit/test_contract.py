@@ -164,6 +164,11 @@ def test_nvidias_request_fields_are_read():
     assert sp.repetition_penalty == pytest.approx(1.2) and sp.frequency_penalty == pytest.approx(0.25)
     with pytest.raises(RequestInputError, match="seed=1 and random_seed=2 disagree"):
         parse_generation(_get(seed=one(1, np.uint64), random_seed=one(2, np.uint64)))
+    # min_length, min_tokens' name before c2e65b8 (genai-perf 0.0.16 sends it): alone, or agreeing
+    assert parse_generation(_get(min_length=one(5, np.int32))).sampling.min_tokens == 5
+    assert parse_generation(_get(min_length=one(5, np.int32), min_tokens=one(5, np.int32))).sampling.min_tokens == 5
+    with pytest.raises(RequestInputError, match="min_tokens=4 and min_length=5 disagree(?s:.*)older name"):
+        parse_generation(_get(min_tokens=one(4, np.int32), min_length=one(5, np.int32)))
 
 
 @pytest.mark.parametrize("tensors, greedy", [

@@ -519,7 +519,7 @@ async def _server_facts(client: AsyncLLMClient, settings: BenchSettings) -> dict
         pinned = {}
         for role, model in settings.roles.items():
             info = await client.model_info(model)
-            pinned[role] = next((n for n in ("min_length", "min_tokens") if n in info.inputs), None)
+            pinned[role] = next((n for n in ("min_tokens", "min_length") if n in info.inputs), None)
         out["ignore_eos"] = {role: (f"min_length via '{n}'" if n else
                                     "not supported: the model has no min_length/min_tokens input, so outputs "
                                     "may stop at EOS before max_tokens") for role, n in pinned.items()}

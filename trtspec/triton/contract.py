@@ -80,6 +80,9 @@ OPTIONAL_HERE = {  # NVIDIA requires these; trtspec declares them optional
 EXTRA_INPUTS = {  # declared by trtspec on top of NVIDIA's
     ("ensemble", "random_seed"): "NVIDIA's name for seed before c2e65b8 (both accepted; they must agree)",
     ("tensorrt_llm_bls", "random_seed"): "NVIDIA's name for seed before c2e65b8",
+    ("ensemble", "min_length"): "NVIDIA's name for min_tokens before c2e65b8, which genai-perf 0.0.16 sends for "
+                                "--output-tokens-mean-deterministic (both accepted; they must agree)",
+    ("tensorrt_llm_bls", "min_length"): "NVIDIA's name for min_tokens before c2e65b8",
     ("postprocessing", "CONTEXT_LENGTH"): "ids already sent as text: exact streamed deltas (trtspec.triton.backend.detok)",
     ("postprocessing", "IS_FINAL"): "the last response of a stream flushes held-back bytes",
     ("postprocessing", "REQUEST_KEY"): "lets postprocessing stop the engine request when the client goes away",
@@ -118,7 +121,7 @@ _NOTES = {
     "runtime_top_k": "as TRT-LLM: top_k 0 and top_p 0 (or absent) decode greedily at any temperature",
     "runtime_top_p": "0 = off", "temperature": "",
     "repetition_penalty": "prompt + output tokens", "presence_penalty": "generated tokens",
-    "frequency_penalty": "generated tokens", "min_tokens": "no EOS / end_id before min_tokens",
+    "frequency_penalty": "generated tokens", "min_tokens": "no EOS / end_id before min_tokens; also accepted as min_length (ensemble, tensorrt_llm_bls)",
     "seed": "also accepted as random_seed", "return_log_probs": "cum_log_probs, output_log_probs: the target's",
     "return_perf_metrics": "", "streaming": "", "draft_input_ids": "verified by the target in the first step",
     "stop": "stops the request with this request id (also what the ensemble's cancellation uses)",

@@ -83,6 +83,17 @@ def _one(get: Get, name: str, *, required: bool = False):
     return flat[0].item()
 
 
+def _either(get: Get, name: str, older: str):
+    """One value sent under NVIDIA's name or the name it had before c2e65b8 (``random_seed`` for
+    ``seed``, ``min_length`` for ``min_tokens``: genai-perf 0.0.16 still sends ``min_length``);
+    both sent must agree."""
+    new, old = _one(get, name), _one(get, older)
+    if new is not None and old is not None and new != old:
+        raise RequestInputError(f"{name}={new} and {older}={old} disagree",
+                                fix=f"send one of them ({older} is the older name of {name})")
+    return new if new is not None else old
+
+
 def _ids(get: Get, name: str, *, required: bool = False) -> list[int] | None:
     a = _batch_of_one(get, name, required, "send one sequence per request, shaped [1, n]")
     return None if a is None else [int(x) for x in a.reshape(-1)]
@@ -170,15 +181,11 @@ def parse_generation(get: Get, *, exclude_input_default: bool = True) -> Generat
     greedy = temperature == 0 or top_k == 1 or ((top_k or 0) == 0 and (top_p or 0) == 0)
     if temperature is None:
         temperature = 1.0
-    seeds = [(n, _one(get, n)) for n in ("seed", "random_seed")]
-    seeds = [(n, v) for n, v in seeds if v is not None]
-    if len(seeds) == 2 and seeds[0][1] != seeds[1][1]:
-        raise RequestInputError(f"seed={seeds[0][1]} and random_seed={seeds[1][1]} disagree",
-                                fix="send one of them (random_seed is the older name of seed)")
+    seed = _either(get, "seed", "random_seed")
     n_seq = _one(get, "num_return_sequences")
     if n_seq is not None and n_seq < 1:
         raise RequestInputError(f"num_return_sequences must be >= 1, got {n_seq}", fix="send 1 or more")
-    min_tokens = _one(get, "min_tokens")
+    min_tokens = _either(get, "min_tokens", "min_length")
     if min_tokens is not None and min_tokens < 0:
         raise RequestInputError(f"min_tokens must be >= 0, got {min_tokens}")
     exclude = _one(get, "exclude_input_in_output")
@@ -190,7 +197,7 @@ def parse_generation(get: Get, *, exclude_input_default: bool = True) -> Generat
             temperature=0.0 if greedy else float(temperature),
             top_k=0 if greedy or top_k is None else int(top_k),
             top_p=1.0 if greedy or not top_p else float(top_p),
-            seed=None if not seeds else int(seeds[0][1]),
+            seed=None if seed is None else int(seed),
             end_id=None if end_id is None or end_id < 0 else int(end_id),
             pad_id=None if pad_id is None or pad_id < 0 else int(pad_id),
             return_perf_metrics=bool(_one(get, "return_perf_metrics") or False),
