@@ -161,6 +161,7 @@ def test_a_native_abort_is_named_with_its_known_cause(tmp_path):
     assert native_abort("terminate called after throwing an instance of 'std::bad_alloc'\n") == \
         "tritonserver aborted: uncaught std::bad_alloc"
     assert native_abort("Signal (11) received.\n") == "tritonserver aborted: a fatal signal, signal 11"
+    assert native_abort("Signal (15) received.\n") is None  # a stop request, not an abort
     assert native_abort('I1205 "successfully loaded \'a\'"\nE1205 x] "Signal (6) received." in a message') is None
     # the launcher's error when the server is gone says it, and how to get serving again
     repo = tmp_path / "repo"

@@ -196,7 +196,8 @@ def models_still_loading(log: str) -> list[str]:
 
 # what tritonserver prints, unprefixed, on its way down from a native abort
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
-_SIGNAL = re.compile(r"^Signal \((\d+)\) received\.", re.M)
+# (it prints "Signal (15) received." for a stop request too: only SIGILL/ABRT/BUS/FPE/SEGV are aborts)
+_SIGNAL = re.compile(r"^Signal \(([4678]|11)\) received\.", re.M)
 # aborts whose cause is known (measured here), and what they mean for the deployment
 KNOWN_ABORTS = {
     "boost::interprocess::lock_exception": (
