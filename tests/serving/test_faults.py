@@ -88,8 +88,13 @@ class Deployment:
         return time.monotonic() - t0
 
     def aborted(self) -> str | None:
-        """The native abort that took tritonserver down, from its log; None while it runs."""
-        return native_abort(self.server.log_text()) if self.server.proc.poll() is not None else None
+        """The native abort that took tritonserver down, from its log; None while it runs (it gets
+        a few seconds to finish dying: the client can see the sockets go before the exit is reaped)."""
+        try:
+            self.server.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            return None
+        return native_abort(self.server.log_text())
 
     def restart(self) -> None:
         self.server.stop()
