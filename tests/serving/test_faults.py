@@ -368,8 +368,9 @@ def unless_triton_aborts(deployment, fault, *args):
 
     A SIGKILLed stub can take Triton 2.51 down with it: its python backend aborts on a shared-memory
     lock the dead stub held (boost::interprocess::lock_exception; 3 router kills in 40 in
-    scripts/stub_kill_aborts.py, and once in CI; docs/reliability.md). Only that abort, recognised in the server's log, is reported and
-    tried again, three tries in all; any other failure fails at once."""
+    scripts/stub_kill_aborts.py, and once in CI; docs/reliability.md). Only that abort, recognised
+    in the server's log, is reported and tried again, three tries in all; any other failure fails
+    at once."""
     for attempt in (1, 2, 3):
         try:
             return fault(deployment, *args)

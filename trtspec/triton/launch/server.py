@@ -211,12 +211,12 @@ def native_abort(log: str) -> str | None:
     """What a tritonserver that aborted in native code printed (the uncaught exception and the
     signal), with the known cause when there is one; None when the log shows no abort."""
     sig = _SIGNAL.search(log)
-    exc = _TERMINATE.findall(log)
-    if sig is None and not exc:
+    exc = (_TERMINATE.findall(log) or [None])[-1]  # the last uncaught exception, if any
+    if sig is None and exc is None:
         return None
-    what = f"uncaught {exc[-1]}" if exc else "a fatal signal"
-    said = f"tritonserver aborted: {what}" + (f", signal {sig.group(1)}" if sig else "")
-    cause = KNOWN_ABORTS.get(exc[-1]) if exc else None
+    said = f"tritonserver aborted: {f'uncaught {exc}' if exc else 'a fatal signal'}"
+    said += f", signal {sig.group(1)}" if sig else ""
+    cause = KNOWN_ABORTS.get(exc)
     return f"{said}: {cause}" if cause else said
 
 

@@ -269,9 +269,9 @@ class Watchdog:
             self._failed(model, f"not loaded again within {self.settings.load_timeout_s:.0f} s (a python stub "
                                 "that cannot start hangs model loading forever)")
         except Exception as e:  # noqa: BLE001 - the server's answer, said in the event
-            if not alive(self.server_pid):  # not the reload's fault: the server is gone (its log says why)
-                self._failed(model, f"not reloaded: tritonserver (pid {self.server_pid}) exited ({_error(e)})")
-            self._failed(model, f"reload failed: {_error(e)}")
+            gone = not alive(self.server_pid)  # then not the reload's fault: the server's log says why
+            self._failed(model, f"not reloaded: tritonserver (pid {self.server_pid}) exited ({_error(e)})" if gone
+                         else f"reload failed: {_error(e)}")
         took = time.monotonic() - t0
         live = self._instances()
         self.expected[model] = live.get(model, set())
