@@ -3,6 +3,7 @@ client contract of the ensembles, and the TRT-LLM layouts at their seam (they ca
 
 from __future__ import annotations
 
+import json
 import pathlib
 
 import pytest
@@ -112,10 +113,13 @@ def test_engine_flow_draft_target_layout(tmp_path):
         assert p["decoding_mode"] == "top_k_top_p" and p["gpt_model_type"] == "inflight_fused_batching"
     assert {k: v.string_value for k, v in target.parameters.items()}["gpu_device_ids"] == "0,1,2,3"
     rounds = {k: v.string_value for k, v in parse(repo / "trtspec_draft_target" / "config.pbtxt").parameters.items()}
+    limits = json.loads(rounds.pop("request_limits"))  # every python model checks the recipe's limits
+    assert limits["max_seq_len"] == recipe.limits.max_seq_len and limits["max_words"] == recipe.limits.max_words
     assert rounds == {"tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
                       "num_draft_tokens": "10"}
     # NVIDIA's text BLS over the same two engines (its contract: tests/unit/test_contract.py)
     bls = {k: v.string_value for k, v in parse(repo / "tensorrt_llm_bls" / "config.pbtxt").parameters.items()}
+    assert json.loads(bls.pop("request_limits")) == limits
     assert bls == {"tensorrt_llm_model_name": "tensorrt_llm", "tensorrt_llm_draft_model_name": "tensorrt_llm_draft",
                    "plain_model": "ensemble_baseline", "max_draft_len": "10", "accumulate_tokens": "false"}
     router = {k: v.string_value for k, v in parse(repo / "router" / "config.pbtxt").parameters.items()}

@@ -64,7 +64,7 @@ def process_window(
             row -= params.frequency_penalty * counts
         for w in params.bad_words:
             n = len(w) - 1
-            if w[-1] < V and (n == 0 or (len(history) >= n and tuple(history[-n:]) == w[:-1])):
+            if 0 <= w[-1] < V and (n == 0 or (len(history) >= n and tuple(history[-n:]) == w[:-1])):
                 row[w[-1]] = float("-inf")
         if len(generated) + j < params.min_tokens and ends.numel():
             row[ends] = float("-inf")

@@ -50,6 +50,7 @@ from trtspec.trtllm.build import plan_build
 from trtspec.trtllm.handoff import KIND, TrtllmBuild
 from trtspec.config import recipe_to_dict
 from trtspec.speculative.spec import RuntimeSpec
+from trtspec.limits import RequestLimits
 from trtspec.hub import resolve_recipe
 from trtspec.outputs import check_replaceable
 
@@ -171,6 +172,7 @@ class ServingInputs:
     end_id: int = -1  # the target's EOS, as the engine uses it; -1 = unknown (the model's own applies)
     pad_id: int = -1
     max_prompt_bytes: int = 1_048_576  # preprocessing refuses a longer text_input before tokenizing
+    request_limits: Any = None  # trtspec.triton.backend.requests.RequestLimits: every python model checks them
     runtime_spec: Any = None  # trtspec.speculative.runtime.RuntimeSpec (torch)
     trtllm: Any = None  # trtspec.trtllm.handoff.TrtllmBuild (trtllm-engine, trtllm-pytorch)
     recipe: dict = field(default_factory=dict)
@@ -229,6 +231,8 @@ def inputs_from_recipe(
             trtllm = trtllm_build_for(recipe, build_dir)
         tokenizer = trtllm.tokenizer_dir
         end_id, pad_id = special_ids(trtllm.hf_model_dirs.get("target", recipe.target.model))
+    target_dir = (target or recipe.target.model) if runtime == "torch" else \
+        trtllm.hf_model_dirs.get("target", recipe.target.model)
     return ServingInputs(
         name=recipe.name,
         runtime=runtime,
@@ -238,6 +242,7 @@ def inputs_from_recipe(
         max_input_len=recipe.limits.max_input_len,
         max_seq_len=recipe.limits.max_seq_len,
         max_prompt_bytes=recipe.limits.max_prompt_bytes,
+        request_limits=RequestLimits.from_recipe(recipe.limits, vocab_size=vocab_size(target_dir)),
         default_max_tokens=recipe.validation.max_tokens,
         max_queue_size=recipe.serving.max_queue_size,
         instances=recipe.serving.instances,
@@ -255,6 +260,16 @@ def inputs_from_recipe(
         trtllm=trtllm,
         recipe=recipe_to_dict(recipe),
     )
+
+
+def vocab_size(model_dir: str) -> int | None:
+    """The model's ``vocab_size`` (config.json; the bound of its token ids), None when the folder
+    is not readable here (a container path): token ids are then checked for sign only."""
+    try:
+        v = json.loads((pathlib.Path(model_dir) / "config.json").read_text()).get("vocab_size")
+    except (OSError, json.JSONDecodeError, AttributeError):
+        return None
+    return v if isinstance(v, int) and v > 0 else None
 
 
 def special_ids(model_dir: str) -> tuple[int, int]:
@@ -327,7 +342,17 @@ def plan_repository(inp: ServingInputs) -> list[ModelPlan]:
         _ensemble("ensemble_baseline", inp, "router_baseline"),
         *engines,
     ]
+    limits = (inp.request_limits or RequestLimits(max_input_len=inp.max_input_len, max_seq_len=inp.max_seq_len,
+                                                  max_prompt_bytes=inp.max_prompt_bytes)).to_json()
+    for plan in plans:  # every python model checks each request against the deployment's limits
+        if plan.template in PYTHON_TEMPLATES:
+            plan.values["request_limits"] = limits
     return plans
+
+
+# the templates whose model is trtspec's python code (the others: Triton's ensemble, NVIDIA's C++ backend)
+PYTHON_TEMPLATES = ("preprocessing", "postprocessing", "router", "tensorrt_llm/torch", "tensorrt_llm/llmapi",
+                    "trtspec_draft_target", "tensorrt_llm_bls")
 
 
 def _kind(model: str | None, engines: list[ModelPlan]) -> str:

@@ -30,6 +30,7 @@ from trtspec.triton.backend.common import (
     model_parameters,
     output_array,
     parsed_requests,
+    request_limits,
     resident_bytes,
     send_error,
 )
@@ -139,12 +140,13 @@ class DraftTargetBls(Rounds):
         self.target = p["tensorrt_llm_model_name"]
         self.draft = p["tensorrt_llm_draft_model_name"]
         self.num_draft_tokens = int(p["num_draft_tokens"])
+        self.limits = request_limits(p)
         self.decoupled = bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled"))
         self.calls = Calls(self.pb, self.name)
         self.threads = RequestThreads()
 
     def execute(self, requests):
-        for sender, req in parsed_requests(self.pb, requests, self.name):
+        for sender, req in parsed_requests(self.pb, requests, self.name, self.limits):
             unsupported = rounds_cannot_honour(req)
             if unsupported or (req.streaming and not self.decoupled):
                 what = (f"input '{unsupported[0]}' is not supported by the draft-target rounds (each round "

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from typing import Any
 
 import numpy as np
 
 from trtspec.errors import TrtspecError
-from trtspec.triton.backend.requests import parse_generation
+from trtspec.triton.backend.requests import RequestLimits, parse_generation
 
 # One lock per stub process: metric calls from the execute thread, the engine thread and router
 # threads must never overlap.
@@ -48,9 +49,20 @@ def scalar(value, dtype) -> np.ndarray:
     return np.array([[value]], dtype=dtype)
 
 
+# an absolute path of two or more segments (a model folder, a tokenizer, a python file of the stub)
+_PATH = re.compile(r"(?<![\w:/])/(?:[\w.+-]+/)+[\w.+-]*")
+
+
+def redact_paths(message: str) -> str:
+    """``message`` without the server's file system paths (``<path>`` instead): an error a client
+    reads must not tell it where the server keeps its models or code."""
+    return _PATH.sub("<path>", message)
+
+
 def error_response(pb, message: str, *, invalid_argument: bool = True):
+    """An error response; server paths are redacted (a model logs the full error itself)."""
     code = pb.TritonError.INVALID_ARG if invalid_argument else pb.TritonError.INTERNAL
-    return pb.InferenceResponse(error=pb.TritonError(message, code))
+    return pb.InferenceResponse(error=pb.TritonError(redact_paths(message), code))
 
 
 def send_error(pb, sender, message: str, *, invalid_argument: bool = True) -> None:
@@ -59,22 +71,27 @@ def send_error(pb, sender, message: str, *, invalid_argument: bool = True) -> No
                 flags=pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
-def parse_or_reject(pb, request, sender, model_name: str):
+def request_limits(params: dict[str, str]) -> RequestLimits:
+    """The deployment's :class:`RequestLimits` from a model's ``request_limits`` parameter."""
+    return RequestLimits.from_json(params.get("request_limits"))
+
+
+def parse_or_reject(pb, request, sender, model_name: str, limits: RequestLimits | None = None):
     """The request's generation inputs, or ``None`` after answering it with an INVALID_ARG error
     that names the input (the model keeps serving)."""
     try:
-        return parse_generation(lambda name: input_array(pb, request, name))
+        return parse_generation(lambda name: input_array(pb, request, name), limits=limits)
     except TrtspecError as e:
         send_error(pb, sender, f"{model_name}: {e}")
         return None
 
 
-def parsed_requests(pb, requests, model_name: str):
+def parsed_requests(pb, requests, model_name: str, limits: RequestLimits | None = None):
     """(response sender, generation inputs) of each request of an ``execute`` batch; a request with
-    bad inputs is answered INVALID_ARG (naming the input) and skipped."""
+    bad inputs or over ``limits`` is answered INVALID_ARG (naming the input) and skipped."""
     for request in requests:
         sender = request.get_response_sender()
-        req = parse_or_reject(pb, request, sender, model_name)
+        req = parse_or_reject(pb, request, sender, model_name, limits)
         if req is not None:
             yield sender, req
 

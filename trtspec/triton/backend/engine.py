@@ -22,6 +22,7 @@ import os
 import pathlib
 import threading
 import time
+from dataclasses import replace
 
 import numpy as np
 
@@ -30,6 +31,7 @@ from trtspec.triton.backend.common import (
     Metrics,
     input_array,
     model_parameters,
+    request_limits,
     resident_bytes,
     scalar,
     send_error,
@@ -298,6 +300,9 @@ class EngineModel:
         self.vocab_size = int(vocab_size)
         self.max_draft_len = int(spec.max_draft_len)
         self.max_seq_len = int(max_seq_len)
+        # the deployment's per-request limits, bounded by what this engine itself can take
+        lim = request_limits(p)
+        self.limits = replace(lim, vocab_size=self.vocab_size, max_seq_len=min(lim.max_seq_len, self.max_seq_len))
         self.secret = secret_from_env()  # stop requests must be signed with it (trtspec.triton.access)
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
@@ -341,7 +346,7 @@ class EngineModel:
         try:
             get = lambda name: input_array(self.pb, request, name)  # noqa: E731
             check_sizes(get, max_input_ids=self.max_seq_len, max_draft_len=self.max_draft_len)
-            req = parse_generation(get, exclude_input_default=self.exclude_input_default)
+            req = parse_generation(get, exclude_input_default=self.exclude_input_default, limits=self.limits)
             check_draft_ids(req.draft_input_ids, vocab_size=self.vocab_size, max_draft_len=self.max_draft_len)
             if not self.decoupled and req.streaming:
                 raise RequestInputError("streaming=true needs a decoupled model; this one answers one response "
@@ -381,6 +386,7 @@ class EngineModel:
         except TrtspecError as e:
             send_error(self.pb, sender, f"{self.name}: {e}")
         except Exception as e:  # noqa: BLE001 - one bad request must not take the model down
+            self.pb.Logger.log_error(f"{self.name}: internal error: {type(e).__name__}: {e}")  # the full text
             send_error(self.pb, sender, f"{self.name}: internal error: {type(e).__name__}: {e}",
                        invalid_argument=False)
 

@@ -17,7 +17,8 @@ import json
 import pathlib
 import time
 
-from trtspec.triton.backend.common import RequestThreads, model_parameters, parsed_requests, resident_bytes, send_error
+from trtspec.triton.backend.common import (RequestThreads, model_parameters, parsed_requests, request_limits,
+                                           resident_bytes, send_error)
 from trtspec.triton.backend.requests import GenerationRequest
 
 
@@ -48,6 +49,7 @@ class LlmApiModel:
         p = model_parameters(args)
         self.name = args["model_name"]
         self.served_by = p.get("served_by", "speculative")
+        self.limits = request_limits(p)
         path = pathlib.Path(args["model_repository"]) / args["model_version"] / p.get("llm_api_config", "model.yaml")
         kwargs = yaml.safe_load(path.read_text())
         kwargs.pop("triton_config", None)
@@ -55,7 +57,7 @@ class LlmApiModel:
         self.threads = RequestThreads()
 
     def execute(self, requests):
-        for sender, req in parsed_requests(self.pb, requests, self.name):
+        for sender, req in parsed_requests(self.pb, requests, self.name, self.limits):
             # not mapped onto the LLM API's SamplingParams here (untested without TRT-LLM): refused clearly
             unmapped = [n for n, on in (("stop_words_list", bool(req.sampling.stop_words)),
                                         ("bad_words_list", bool(req.sampling.bad_words)),

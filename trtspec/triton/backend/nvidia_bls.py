@@ -36,6 +36,7 @@ from trtspec.triton.backend.common import (
     error_response,
     input_array,
     model_parameters,
+    request_limits,
     scalar,
     send_error,
 )
@@ -76,6 +77,7 @@ class TextBls(Rounds):
         p = model_parameters(args)
         cfg = json.loads(args["model_config"])
         self.name = args["model_name"]
+        self.limits = request_limits(p)
         self.target = p["tensorrt_llm_model_name"]
         self.draft = p.get("tensorrt_llm_draft_model_name", "")
         self.plain_model = p["plain_model"]
@@ -193,7 +195,7 @@ class TextBls(Rounds):
 
         # the text is the ensemble's for the same request: the prompt leads it only with
         # exclude_input_in_output=false (the router's default, which the relayed requests get)
-        req = parse_generation(get)
+        req = parse_generation(get, limits=self.limits)
         unsupported = rounds_cannot_honour(req)
         if unsupported:
             raise RequestInputError(f"input '{unsupported[0]}' is not supported with num_draft_tokens > 0 (each "

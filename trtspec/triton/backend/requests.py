@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from trtspec.errors import TrtspecError
+from trtspec.limits import SEQUENCE_INPUTS, RequestInputError, RequestLimits  # noqa: F401 - re-exported
 from trtspec.sampling import Sampling, SamplingError
 from trtspec.triton.contract import DEFAULT_ONLY, REJECTED
 
@@ -26,12 +26,6 @@ TENSORRTLLM_OUTPUTS = ("output_ids", "sequence_length", "acceptance_rate", "tota
                        *PERF_OUTPUTS)
 # What every trtspec generation model (torch engine, LLM API, draft-target BLS) returns.
 ENGINE_OUTPUTS = (*TENSORRTLLM_OUTPUTS, "served_by", "perf_json")
-
-
-class RequestInputError(TrtspecError):
-    """A request tensor is missing, malformed or out of range (answered as INVALID_ARGUMENT)."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)
@@ -53,6 +47,8 @@ class GenerationRequest:
 
 
 Get = Callable[[str], "np.ndarray | None"]
+
+
 
 
 def _batch_of_one(get: Get, name: str, required: bool, fix: str) -> "np.ndarray | None":
@@ -99,13 +95,19 @@ def _ids(get: Get, name: str, *, required: bool = False) -> list[int] | None:
     return None if a is None else [int(x) for x in a.reshape(-1)]
 
 
-def words_list(get: Get, name: str) -> tuple[tuple[int, ...], ...]:
+def words_list(get: Get, name: str, limits: RequestLimits | None = None) -> tuple[tuple[int, ...], ...]:
     """NVIDIA's word-list tensor ``[1, 2, n]``: row 0 the words' ids back to back (padded), row 1
-    each word's end offset (padded with -1) → the words as id tuples."""
+    each word's end offset (padded with -1) → the words as id tuples, each checked against
+    ``limits`` (count, length, ids in the vocabulary)."""
     a = get(name)
     if a is None:
         return ()
     a = np.asarray(a)
+    lim = limits or RequestLimits()
+    if a.size > 2 * lim.max_words * lim.max_word_tokens:
+        raise RequestInputError(f"input '{name}' has {a.size} elements; this deployment takes at most "
+                                f"{lim.max_words} words of {lim.max_word_tokens} tokens",
+                                fix="send fewer or shorter words (limits.max_words, limits.max_word_tokens)")
     if a.ndim == 2:  # [2, n]: a client that left out the batch dimension of one
         a = a[None]
     if a.ndim != 3 or a.shape[0] != 1 or a.shape[1] != 2:
@@ -121,6 +123,11 @@ def words_list(get: Get, name: str) -> tuple[tuple[int, ...], ...]:
                                     fix="offsets are cumulative end positions, padded with -1")
         words.append(tuple(int(x) for x in ids[start:end]))
         start = end
+    lim.check_count(name, len(words), lim.max_words, "words", "send fewer words")
+    for w in words:
+        lim.check_count(f"{name} word", len(w), lim.max_word_tokens, "tokens per word", "send shorter words")
+        for t in w:
+            lim.check_token_id(f"{name} id", t)
     return tuple(words)
 
 
@@ -141,13 +148,17 @@ def json_value(v) -> str:
     return "true" if v is True else "false" if v is False else str(v)
 
 
-def parse_generation(get: Get, *, exclude_input_default: bool = True) -> GenerationRequest:
+def parse_generation(get: Get, *, exclude_input_default: bool = True,
+                     limits: RequestLimits | None = None) -> GenerationRequest:
     """Read the tensorrtllm backend's inputs (``get(name)`` → array or None when absent).
 
     The wire's meanings are resolved here (TRT-LLM's greedy rule, top_p 0 = off, an absent
     temperature = 1) before the values become a :class:`Sampling`, which checks their bounds.
     ``exclude_input_default``: whether output_ids leave out the prompt when the request does not
-    say (NVIDIA's model parameter ``exclude_input_in_output``)."""
+    say (NVIDIA's model parameter ``exclude_input_in_output``). ``limits``: the deployment's
+    :class:`RequestLimits` (default: the recipe defaults), checked before anything is built."""
+    lim = limits or RequestLimits()
+    lim.check_tensor_sizes(get, SEQUENCE_INPUTS)
     check_unsupported(get)
     ids = _ids(get, "input_ids", required=True)
     n = _one(get, "input_lengths")
@@ -158,10 +169,17 @@ def parse_generation(get: Get, *, exclude_input_default: bool = True) -> Generat
         ids = ids[:n]
     if not ids:
         raise RequestInputError("the prompt is empty (no input ids)", fix="send a non-empty prompt")
+    lim.check_count("input_ids", len(ids), lim.max_seq_len - 1, "prompt tokens",
+                    f"send at most {lim.max_seq_len - 1} prompt ids")
+    bad = [t for t in ids if t < 0 or (lim.vocab_size is not None and t >= lim.vocab_size)]
+    if bad:
+        lim.check_token_id("input_ids", bad[0])
     max_tokens = _one(get, "request_output_len", required=True)
     if max_tokens < 1:
         raise RequestInputError(f"request_output_len (max_tokens) must be >= 1, got {max_tokens}",
                                 fix="ask for at least one token")
+    lim.check_count("request_output_len", max_tokens, lim.max_seq_len, "tokens (max_seq_len)",
+                    f"ask for at most {lim.max_seq_len - len(ids)} tokens")
     temperature = _one(get, "temperature")
     top_k = _one(get, "runtime_top_k")
     top_p = _one(get, "runtime_top_p")
@@ -185,12 +203,23 @@ def parse_generation(get: Get, *, exclude_input_default: bool = True) -> Generat
     n_seq = _one(get, "num_return_sequences")
     if n_seq is not None and n_seq < 1:
         raise RequestInputError(f"num_return_sequences must be >= 1, got {n_seq}", fix="send 1 or more")
+    if n_seq is not None:
+        lim.check_count("num_return_sequences", n_seq, lim.max_return_sequences, "sequences per request",
+                        f"send at most {lim.max_return_sequences} (or one request per sequence)")
     min_tokens = _either(get, "min_tokens", "min_length")
     if min_tokens is not None and min_tokens < 0:
         raise RequestInputError(f"min_tokens must be >= 0, got {min_tokens}")
     exclude = _one(get, "exclude_input_in_output")
     end_id, pad_id = _one(get, "end_id"), _one(get, "pad_id")
+    for name, v in (("end_id", end_id), ("pad_id", pad_id)):
+        if v is not None:
+            lim.check_token_id(name, int(v), allow_unset=True)
+    if min_tokens is not None:
+        lim.check_count("min_tokens", min_tokens, lim.max_seq_len, "tokens (max_seq_len)",
+                        "ask for fewer minimum tokens than max_tokens")
     drafts = _ids(get, "draft_input_ids")
+    for t in drafts or ():
+        lim.check_token_id("draft_input_ids", t)
     try:
         sampling = Sampling(
             max_tokens=int(max_tokens),
@@ -205,8 +234,8 @@ def parse_generation(get: Get, *, exclude_input_default: bool = True) -> Generat
             presence_penalty=float(floats["presence_penalty"] or 0.0),
             frequency_penalty=float(floats["frequency_penalty"] or 0.0),
             min_tokens=int(min_tokens or 0),
-            stop_words=words_list(get, "stop_words_list"),
-            bad_words=words_list(get, "bad_words_list"),
+            stop_words=words_list(get, "stop_words_list", lim),
+            bad_words=words_list(get, "bad_words_list", lim),
             logprobs=bool(_one(get, "return_log_probs") or False),
         )
     except SamplingError as e:

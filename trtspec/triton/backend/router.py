@@ -37,6 +37,7 @@ from trtspec.triton.backend.common import (
     model_parameters,
     output_array,
     parsed_requests,
+    request_limits,
     scalar,
     send_error,
 )
@@ -160,6 +161,7 @@ class Router:
     def initialize(self, args: dict) -> None:
         p = model_parameters(args)
         self.name = args["model_name"]
+        self.limits = request_limits(p)
         self.decoupled = bool(json.loads(args["model_config"]).get("model_transaction_policy", {}).get("decoupled"))
         self.models = {"speculative": p.get("speculative_model") or None, "baseline": p["baseline_model"]}
         # which output set each model has: trtspec's (with perf_json) or the tensorrtllm C++ backend's
@@ -214,7 +216,7 @@ class Router:
         self.metrics.declare(specs)
 
     def execute(self, requests):
-        for sender, req in parsed_requests(self.pb, requests, self.name):
+        for sender, req in parsed_requests(self.pb, requests, self.name, self.limits):
             if not self.decoupled and (req.streaming or req.num_return_sequences > 1):
                 what = "stream=true" if req.streaming else f"num_return_sequences={req.num_return_sequences}"
                 send_error(self.pb, sender, f"{self.name}: {what} needs a decoupled model; this repository answers "

@@ -14,10 +14,10 @@ import time
 
 import numpy as np
 
-from trtspec.triton.backend.common import error_response, input_array, model_parameters
+from trtspec.triton.backend.common import error_response, input_array, model_parameters, request_limits
 from trtspec.triton.backend.cancel import CHECK_EVERY_S, parse_request_key, send_stop
 from trtspec.triton.backend.detok import text_delta
-from trtspec.triton.backend.requests import RequestInputError, words_tensor
+from trtspec.triton.backend.requests import RequestInputError, RequestLimits, words_tensor
 from trtspec.triton.contract import REJECTED_TEXT
 from trtspec.triton.backend.guard import DEFAULT_MAX_PROMPT_BYTES, check_prompt_bytes
 
@@ -70,6 +70,7 @@ class Preprocessing:
         self.max_input_len = int(p["max_input_len"])
         self.max_seq_len = int(p["max_seq_len"])
         self.max_prompt_bytes = int(p.get("max_prompt_bytes") or DEFAULT_MAX_PROMPT_BYTES)
+        self.limits = request_limits(p)
         self.default_max_tokens = int(p["default_max_tokens"])
         # the engine's own EOS (generation_config), resolved at package time; -1 = none known
         self.end_id = int(p.get("end_id", "-1"))
@@ -114,14 +115,22 @@ class Preprocessing:
         if a.ndim == 0 or a.shape[0] != 1:
             raise RequestInputError(f"input '{name}' must be shaped [1, n] (one list of words per request), "
                                     f"got {list(a.shape)}", fix="send one prompt per request")
+        lim = getattr(self, "limits", None) or RequestLimits()
+        # count and byte length from the array before any word is decoded or tokenized
+        lim.check_count(name, a.size, lim.max_words, "words", "send fewer words")
         out = []
         for w in a.reshape(-1).tolist():
+            n = len(w) if isinstance(w, (bytes, str)) else 0
+            lim.check_count(f"{name} word", n, lim.max_word_bytes, "bytes per word (limits.max_word_bytes)",
+                            "send shorter words")
             try:
                 text = w.decode("utf-8") if isinstance(w, bytes) else str(w)
             except UnicodeDecodeError as e:
                 raise RequestInputError(f"input '{name}' holds a word that is not valid UTF-8 ({e})") from None
             ids = self.tokenizer.encode(text, False)
             if ids:
+                lim.check_count(f"{name} word", len(ids), lim.max_word_tokens, "tokens per word",
+                                "send shorter words")
                 out.append(tuple(ids))
         return out
 
@@ -142,6 +151,9 @@ class Preprocessing:
         ids, mt = self.tokenize(text, None if mt is None else int(mt))
         end_id = _first(input_array(pb, r, "END_ID"), "end_id")
         pad_id = _first(input_array(pb, r, "PAD_ID"), "pad_id")
+        for field_name, v in (("end_id", end_id), ("pad_id", pad_id)):
+            if v is not None:
+                self.limits.check_token_id(field_name, int(v), allow_unset=True)
         stop = self.words(input_array(pb, r, "STOP_WORDS_DICT"), "stop_words")
         bad = self.words(input_array(pb, r, "BAD_WORDS_DICT"), "bad_words")
         one = lambda v: np.array([[v]], dtype=np.int32)  # noqa: E731
@@ -156,6 +168,10 @@ class Preprocessing:
         ]
 
 
+# request keys postprocessing remembers at once (a key is one streaming request in flight)
+MAX_TRACKED = 4096
+
+
 class Postprocessing:
     """ids → text, and the place where the ensemble's cancellations become visible: each streamed
     response reaches postprocessing as a new request, which Triton marks cancelled once the
@@ -167,6 +183,7 @@ class Postprocessing:
         p = model_parameters(args)
         self.tokenizer = Tokenizer(p["tokenizer_dir"])
         self.skip_special_tokens = p.get("skip_special_tokens", "true").lower() == "true"
+        self.limits = request_limits(p)
         self.checked: dict[str, float] = {}  # request key → when is_cancelled() was last asked
         self.stopped: dict[str, float] = {}  # request key → when its stop was sent
 
@@ -186,6 +203,9 @@ class Postprocessing:
         if now - self.checked.get(key, 0.0) < CHECK_EVERY_S:
             return False
         self.checked[key] = now
+        if len(self.checked) > MAX_TRACKED:  # keys whose final response never came: the oldest go
+            for k in sorted(self.checked, key=self.checked.get)[: len(self.checked) - MAX_TRACKED]:
+                del self.checked[k]
         if not r.is_cancelled():
             return False
         del self.checked[key]
@@ -204,6 +224,28 @@ class Postprocessing:
         except Exception as e:  # noqa: BLE001 - best effort: the request then runs to its end
             self.pb.Logger.log_warn(f"postprocessing: could not stop {rid} on {model}: {e}")
 
+    def _check(self, tokens, lengths, key) -> None:
+        """Shapes and sizes of one request, from the arrays' shapes before anything is decoded:
+        ``TOKENS_BATCH`` [1, beams, T] with T <= max_seq_len, ``REQUEST_KEY`` one short string."""
+        lim = self.limits
+        if tokens is None:
+            raise RequestInputError("input 'TOKENS_BATCH' is missing", fix="send TOKENS_BATCH [1, beams, T]")
+        if tokens.ndim != 3 or tokens.shape[0] != 1:
+            raise RequestInputError(f"input 'TOKENS_BATCH' must be shaped [1, beams, T], got {list(tokens.shape)}",
+                                    fix="send one sequence per request")
+        lim.check_count("TOKENS_BATCH", tokens.size, lim.max_seq_len * lim.max_return_sequences, "ids",
+                        f"send at most {lim.max_seq_len} ids per sequence")
+        if lengths is not None and lengths.size != tokens.shape[0] * tokens.shape[1]:
+            raise RequestInputError(f"input 'SEQUENCE_LENGTH' has {lengths.size} values for "
+                                    f"{tokens.shape[0] * tokens.shape[1]} sequences", fix="one length per sequence")
+        if key is not None:
+            if key.size != 1:
+                raise RequestInputError(f"input 'REQUEST_KEY' must hold one string, got shape {list(key.shape)}",
+                                        fix="send one REQUEST_KEY per request")
+            v = key.reshape(-1)[0]
+            lim.check_count("REQUEST_KEY", len(v) if isinstance(v, (bytes, str)) else 0, lim.max_request_key_bytes,
+                            "bytes", "send a shorter request key")
+
     def decode(self, ids) -> str:
         return self.tokenizer.decode(list(ids), self.skip_special_tokens)
 
@@ -217,6 +259,7 @@ class Postprocessing:
                 ctx = input_array(pb, r, "CONTEXT_LENGTH")
                 final = input_array(pb, r, "IS_FINAL")
                 key = input_array(pb, r, "REQUEST_KEY")
+                self._check(tokens, lengths, key)
                 ctx = 0 if ctx is None else int(ctx.reshape(-1)[0])
                 final = True if final is None else bool(final.reshape(-1)[0])
                 key = "" if key is None else key.reshape(-1)[0].decode(errors="replace")
@@ -232,6 +275,8 @@ class Postprocessing:
                         texts.append(text_delta(self.decode, tokens[b, beam, :n].tolist(), ctx, final).encode())
                 out.append(pb.InferenceResponse(output_tensors=[
                     pb.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]))
+            except RequestInputError as e:
+                out.append(error_response(pb, f"postprocessing: {e}"))
             except Exception as e:  # noqa: BLE001 - answer this request, keep serving
                 out.append(error_response(pb, f"postprocessing: {type(e).__name__}: {e}", invalid_argument=False))
         return out
