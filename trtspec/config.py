@@ -602,13 +602,23 @@ class Serving(Strict):
         default_factory=list,
         description="extra tritonserver arguments, e.g. [--log-info=false]; ones trtspec sets are refused",
     )
+    unsafe_passthrough: bool = Field(
+        False, description="allow tritonserver_args that widen exposure (--*-address, --allow-*, "
+        "--model-control-mode, ...); off: such flags are refused (docs/security.md)")
 
     @field_validator("tritonserver_args")
     @classmethod
     def _tritonserver_args(cls, v: list[str]) -> list[str]:
-
-        check_tritonserver_args(v)
+        check_tritonserver_args(v, unsafe=True)  # form and trtspec's own flags; exposure: below
         return v
+
+    @model_validator(mode="after")
+    def _tritonserver_args_exposure(self) -> "Serving":
+        try:  # flags that widen exposure need serving.unsafe_passthrough: true (docs/security.md)
+            check_tritonserver_args(self.tritonserver_args, unsafe=self.unsafe_passthrough)
+        except ValueError as e:
+            raise ValueError(f"tritonserver_args: {e}") from None
+        return self
     decoupled: bool = Field(
         True, description="NVIDIA's decoupled_mode: true streams (one response per step, gRPC stream API only); "
         "false renders models that answer one response per request, unary ModelInfer included")

@@ -5,7 +5,11 @@
   ``kv_cache_config.dtype``;
 * ``runtime.trtllm.build_args``: extra ``trtllm-build`` flags for every engine of the engine
   flow, e.g. ``["--multiple_profiles", "enable"]``;
-* ``serving.tritonserver_args``: extra ``tritonserver`` arguments, e.g. ``["--log-info=false"]``.
+* ``serving.tritonserver_args``: extra ``tritonserver`` arguments, e.g. ``["--log-info=false"]``;
+  an argument that widens exposure (:data:`EXPOSURE`: addresses, ports, ``--allow-*`` turned on,
+  model control, restricted-API rules, header forwarding, gRPC TLS, code or model folders) is
+  refused unless the recipe says ``serving.unsafe_passthrough: true`` (docs/security.md); getopt's
+  abbreviations (``--grpc-addr``) count as the option they abbreviate.
 
 Each is checked where the names are known: a key or flag trtspec sets itself is refused, naming
 the recipe field that sets it (two sources for one value would let the manifest, the plan and
@@ -170,23 +174,86 @@ def build_argv_tail(args: list[str] | tuple[str, ...]) -> list[str]:
     return out
 
 
-def check_tritonserver_args(args: list[str] | tuple[str, ...]) -> list[str]:
-    """Refuses arguments trtspec's launcher sets; warns on names tritonserver 2.51 does not list."""
+UNSAFE_FIELD = "serving.unsafe_passthrough"
+
+# tritonserver options that widen who can reach the server or what they may do there; refused in
+# serving.tritonserver_args unless the recipe says serving.unsafe_passthrough: true. Each entry:
+# (pattern over the option's full name, why). tritonserver keeps the *last* of a repeated option,
+# and serving.tritonserver_args come after trtspec's own: any of these would silently win.
+EXPOSURE: tuple[tuple[str, str], ...] = (
+    (r"--.+-address", "binds an endpoint to the address it names (trtspec binds --host only; HTTP stays on "
+                      "127.0.0.1 under TLS)"),
+    (r"--.+-port(-range)?", "opens or moves an endpoint (or shares its port with other processes)"),
+    (r"--allow-.+", "turns an endpoint or a metrics family on"),
+    (r"--model-control-mode", "changes who may load and unload models (the watchdog and the MPI ranks need "
+                              "trtspec's own mode)"),
+    (r"--.+-restricted-.+", "adds a restricted-API rule (Triton allows one per API: it would replace the "
+                            "launch's admin secret or the required header)"),
+    (r"--(http|grpc)-header-forward-pattern", "forwards request headers (the admin key, the required header) "
+                                              "to the models"),
+    (r"--grpc-(use-ssl|use-ssl-mutual|server-cert|server-key|root-cert)", "changes gRPC's TLS, which "
+                                                                          "serving.tls sets"),
+    (r"--(backend|repoagent)-directory", "loads native code from another folder"),
+    (r"--model-repository|--model-store", "serves models from another folder"),
+)
+# --allow-* values that turn nothing on (narrowing is always fine)
+_OFF = {"false", "0", "no", "off"}
+
+
+def _resolve(flag: str) -> str:
+    """The option tritonserver reads for ``flag``: getopt_long takes any unambiguous prefix of a
+    long option (``--grpc-addr`` is ``--grpc-address``); an exact name wins."""
+    if flag in A.TRITONSERVER_FLAGS:
+        return flag
+    hits = [f for f in A.TRITONSERVER_FLAGS if f.startswith(flag)] if flag.startswith("--") and len(flag) > 2 else []
+    return hits[0] if len(hits) == 1 else flag
+
+
+def exposure(flag: str, value: str | None) -> str | None:
+    """Why ``flag`` (its full name) with ``value`` widens exposure, or None."""
+    import re
+
+    for pattern, why in EXPOSURE:
+        if re.fullmatch(pattern, flag):
+            if flag.startswith("--allow-") and value is not None and value.strip().lower() in _OFF:
+                return None  # --allow-X=false turns something off
+            return why
+    return None
+
+
+def check_tritonserver_args(args: list[str] | tuple[str, ...], *, unsafe: bool = False) -> list[str]:
+    """Refuses arguments that widen exposure (unless ``unsafe``: ``serving.unsafe_passthrough``) and
+    arguments trtspec's launcher sets; warns on names tritonserver 2.51 does not list and on every
+    exposure-widening argument let through."""
     warnings: list[str] = []
-    for flag, _value, _ in _split(args, TRITON_FIELD):
+    for given, value, _ in _split(args, TRITON_FIELD):
+        flag = _resolve(given)
+        named = given if flag == given else f"{given} (tritonserver reads it as {flag})"
+        why = exposure(flag, value)
+        if why is not None:
+            if not unsafe:
+                owner = f" (trtspec sets it: {OWNED_TRITON[flag]})" if flag in OWNED_TRITON else ""
+                raise ValueError(
+                    f"{named} widens the server's exposure: it {why}{owner}; trtspec refuses it in {TRITON_FIELD}. "
+                    f"Drop it, or, if you mean it, set {UNSAFE_FIELD}: true (docs/security.md)")
+            warnings.append(f"{TRITON_FIELD}: {named} widens the server's exposure ({why}); passed through "
+                            f"because {UNSAFE_FIELD} is true")
+            continue
         if flag in OWNED_TRITON:
-            raise _owned(flag, OWNED_TRITON[flag], TRITON_FIELD)
+            raise _owned(named, OWNED_TRITON[flag], TRITON_FIELD)
         if flag not in A.TRITONSERVER_FLAGS:
-            warnings.append(f"{TRITON_FIELD}: {flag} is not a tritonserver option trtspec knows "
+            warnings.append(f"{TRITON_FIELD}: {given} is not a tritonserver option trtspec knows "
                             f"({A.TRITONSERVER_SOURCE}); passed through as it is")
     return warnings
 
 
 def recipe_warnings(llm_api_options: Mapping[str, Any], build_args: list[str], tritonserver_args: list[str],
                     *, backend: str) -> list[str]:
-    """Every passthrough warning of a recipe, plus a passthrough its runtime does not use."""
+    """Every passthrough warning of a recipe, plus a passthrough its runtime does not use. For a
+    validated recipe: an exposure-widening tritonserver argument got there only with
+    ``serving.unsafe_passthrough`` (config.Serving refuses it otherwise), so it is a warning here."""
     out = check_llm_api_options(llm_api_options) + check_build_args(build_args) + \
-        check_tritonserver_args(tritonserver_args)
+        check_tritonserver_args(tritonserver_args, unsafe=True)
     if llm_api_options and backend != "trtllm-pytorch":
         out.append(f"{LLM_API_FIELD} is used by runtime.backend trtllm-pytorch only; runtime {backend} ignores it")
     if build_args and backend != "trtllm-engine":

@@ -28,7 +28,7 @@ from trtspec.client.errors import AuthRejected, TLSMismatch
 from trtspec.client.targets import ClientOptions, TLSOptions
 from trtspec.config import parse_recipe
 from trtspec.openai_api import relay_for_repository
-from trtspec.triton.access import REQUIRED_HEADER_ENV, certificate_name
+from trtspec.triton.access import REQUIRED_HEADER_ENV, certificate_name, fill_placeholders
 from trtspec.triton.launch.server import server_for_repository
 from trtspec.triton.launch.watchdog import WatchdogSettings
 from trtspec.triton.procs import stubs_of
@@ -92,8 +92,11 @@ def greedy(server, pki, model: str, **kw):
 def test_the_recipe_hardens_the_launch(server, pki):
     assert certificate_name(str(pki / "server.pem")) == NAME
     assert "--grpc-use-ssl-mutual=true" in server.cmd and "--http-address=127.0.0.1" in server.cmd
-    gated = [a for a in server.cmd if a.startswith("--grpc-restricted-protocol=inference")]
+    # the header's value reaches tritonserver through the argv shim, not its command line (issue 30)
+    argv = fill_placeholders(server.cmd, server.server_env()) if server.argv_shim else server.cmd
+    gated = [a for a in argv if a.startswith("--grpc-restricted-protocol=inference")]
     assert gated and gated[0].endswith(f":{HEADER_NAME}={VALUE}")
+    assert server.argv_shim is None or VALUE not in " ".join(server.cmd)
     relays = [line for line in server.log_text().splitlines() if "relays engine responses over" in line]
     assert len(relays) == 2 and all("over gRPC at" in line for line in relays), relays
 

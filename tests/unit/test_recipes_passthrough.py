@@ -121,12 +121,15 @@ def test_build_dry_run_of_the_70b_recipe_shows_calibration_and_passthroughs_gold
     _golden("llama3.3-70b-build-dry-run.txt", res.output)
 
 
-def test_tritonserver_args_reach_the_launch_golden(tmp_path):
+def test_tritonserver_args_reach_the_launch_golden(tmp_path, monkeypatch):
     from trtspec.triton.launch.mpi import planned_launch
     from trtspec.manifest import MANIFEST
     from trtspec.triton.render import REPOSITORY_KIND
     from trtspec.triton.launch.server import server_for_repository
 
+    shim = tmp_path / "libtrtspec_argv.so"  # the argv shim as if built (gcc or not, the same golden)
+    shim.write_text("")
+    monkeypatch.setenv("TRTSPEC_ARGV_SHIM", str(shim))
     recipe = load_recipe(REPO / "build_configs" / "tiny-cpu-ngram.yaml")
     d = json.loads(json.dumps(recipe.model_dump(mode="json")))
     d["serving"]["tritonserver_args"] = ["--log-format=ISO8601", "--model-load-thread-count=2"]
@@ -138,3 +141,104 @@ def test_tritonserver_args_reach_the_launch_golden(tmp_path):
     argv = list(plan.argv)
     assert argv[-2:] == ["--log-format=ISO8601", "--model-load-thread-count=2"]
     _golden("tritonserver-launch.json", json.dumps([a.replace(str(repo), "<repo>") for a in argv], indent=2) + "\n")
+
+
+# ------------------------------------------------ flags that widen exposure (issue 30)
+
+EXPOSURE_CASES = {
+    # family: (arguments, words of the error)
+    "address": (["--grpc-address=0.0.0.0"], "binds an endpoint"),
+    "address, separate value": (["--http-address", "0.0.0.0"], "binds an endpoint"),
+    "address, getopt abbreviation": (["--grpc-addr=0.0.0.0"], "tritonserver reads it as --grpc-address"),
+    "metrics address": (["--metrics-address=0.0.0.0"], "binds an endpoint"),
+    "port": (["--grpc-port=9001"], "opens or moves an endpoint"),
+    "sagemaker port": (["--sagemaker-port=8080"], "opens or moves an endpoint"),
+    "shared port": (["--reuse-grpc-port=true"], "shares its port"),
+    "allow sagemaker": (["--allow-sagemaker=true"], "turns an endpoint or a metrics family on"),
+    "allow vertex ai, no value": (["--allow-vertex-ai"], "turns an endpoint or a metrics family on"),
+    "allow http back on": (["--allow-http=true"], "turns an endpoint or a metrics family on"),
+    "allow metrics, abbreviated": (["--allow-metr=1"], "tritonserver reads it as --allow-metrics"),
+    "model control": (["--model-control-mode=poll"], "who may load and unload models"),
+    "restricted api": (["--http-restricted-api=inference:k=v"], "restricted-API rule"),
+    "restricted protocol": (["--grpc-restricted-protocol=model-repository:trtspec-admin-key=known"],
+                            "restricted-API rule"),
+    "header forwarding http": (["--http-header-forward-pattern=.*"], "forwards request headers"),
+    "header forwarding grpc": (["--grpc-header-forward-pattern", "trtspec.*"], "forwards request headers"),
+    "TLS off": (["--grpc-use-ssl=false"], "gRPC's TLS"),
+    "another backend folder": (["--backend-directory=/tmp/x"], "loads native code"),
+    "another repository agent folder": (["--repoagent-directory=/tmp/x"], "loads native code"),
+    "another model repository": (["--model-store=/tmp/models"], "serves models from another folder"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(EXPOSURE_CASES))
+def test_flags_that_widen_exposure_are_refused_naming_flag_why_and_fix(name):
+    args, words = EXPOSURE_CASES[name]
+    with pytest.raises(ConfigErrors) as e:
+        _recipe(serving={"tritonserver_args": args})
+    (err,) = e.value.errors
+    assert err.field == "serving.tritonserver_args"
+    text = str(err)
+    assert args[0].split("=")[0] in text and words in text and "widens the server's exposure" in text
+    assert "serving.unsafe_passthrough: true" in text
+
+
+@pytest.mark.parametrize("name", sorted(EXPOSURE_CASES))
+def test_unsafe_passthrough_lets_them_through_with_a_warning(name):
+    from trtspec.recipe_checks import passthrough_lines
+
+    args, _ = EXPOSURE_CASES[name]
+    r = _recipe(serving={"tritonserver_args": args, "unsafe_passthrough": True})
+    assert r.serving.tritonserver_args == args
+    (line,) = passthrough_lines(r)
+    assert line.status == "warn" and "widens the server's exposure" in line.detail
+
+
+@pytest.mark.parametrize("args", [["--allow-gpu-metrics=false"], ["--allow-cpu-metrics", "false"],
+                                  ["--allow-sagemaker=0"], ["--log-info=false"], ["--model-load-thread-count=2"]])
+def test_flags_that_narrow_or_do_not_touch_exposure_pass(args):
+    assert _recipe(serving={"tritonserver_args": args}).serving.tritonserver_args == args
+
+
+def test_owned_flags_that_do_not_widen_exposure_stay_refused_even_when_unsafe():
+    with pytest.raises(ConfigErrors) as e:
+        _recipe(serving={"tritonserver_args": ["--exit-timeout-secs=1"], "unsafe_passthrough": True})
+    assert "set by trtspec" in str(e.value.errors[0])
+    with pytest.raises(ConfigErrors) as e:  # turning an endpoint off is trtspec's (readiness needs HTTP)
+        _recipe(serving={"tritonserver_args": ["--allow-http=false"]})
+    assert "set by trtspec" in str(e.value.errors[0])
+
+
+def _repository(tmp_path, serving: dict) -> pathlib.Path:
+    from trtspec.manifest import MANIFEST
+    from trtspec.triton.render import REPOSITORY_KIND
+
+    recipe = load_recipe(REPO / "build_configs" / "tiny-cpu-ngram.yaml")
+    d = json.loads(json.dumps(recipe.model_dump(mode="json")))
+    d["serving"].update(serving)
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / MANIFEST).write_text(json.dumps({"kind": REPOSITORY_KIND, "recipe": d}))
+    return repo
+
+
+def test_a_hand_edited_trtspec_json_is_checked_again_at_serve_time(tmp_path):
+    from trtspec.errors import ConfigError
+    from trtspec.triton.launch.server import server_for_repository
+
+    repo = _repository(tmp_path, {"tritonserver_args": ["--grpc-address=0.0.0.0", "--allow-sagemaker=true"]})
+    with pytest.raises(ConfigError) as e:
+        server_for_repository(repo, watchdog=None)
+    assert "--grpc-address widens the server's exposure" in str(e.value)
+    assert "serving.unsafe_passthrough: true" in str(e.value)
+    res = CliRunner().invoke(__import__("trtspec.cli", fromlist=["main"]).main, ["serve", str(repo), "--dry-run"])
+    assert res.exit_code != 0 and "--grpc-address widens the server's exposure" in res.output
+
+
+def test_an_unsafe_repository_serves_its_flags_with_a_warning(tmp_path, capfd):
+    from trtspec.triton.launch.server import server_for_repository
+
+    repo = _repository(tmp_path, {"tritonserver_args": ["--allow-sagemaker=true"], "unsafe_passthrough": True})
+    server = server_for_repository(repo, watchdog=None)
+    assert server.extra_args == ("--allow-sagemaker=true",)
+    assert "--allow-sagemaker widens the server's exposure" in capfd.readouterr().err

@@ -24,7 +24,7 @@ import yaml
 from trtspec.config import load_recipe, parse_recipe, recipe_to_dict
 from trtspec.deploy.k8s import (K8sOptions, admin_secret_name, app_name, k8s_files, liveness_command, pod_server_args,
                                 secret_command, serving_image, write_k8s)
-from trtspec.triton.access import REQUIRED_HEADER_ENV, SECRET_ENV
+from trtspec.triton.access import IMAGE_ARGV_SHIM, REQUIRED_HEADER_ENV, SECRET_ENV
 from trtspec.errors import ConfigError, StageError
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import layout_for
@@ -234,13 +234,20 @@ def test_pods_ask_for_the_gpus_and_run_the_command_of_the_launch_plan(case):
         gpus = c.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0)
         assert gpus == len(layout.gpus)
         repo = f"/workspace/deploy/{recipe.name}/" + ("repository" if track == "speculative" else "repository-baseline")
-        plan = launch_plan(layout, repository=repo, exit_timeout=30, extra_args=pod_server_args(recipe))
+        plan = launch_plan(layout, repository=repo, exit_timeout=30, extra_args=pod_server_args(recipe),
+                           argv_shim=IMAGE_ARGV_SHIM)
         assert c["args"] == list(plan.argv)
-        # every rank closes the admin APIs behind the pod's secret, which Kubernetes expands from
-        # the app's Secret: the value is in no file trtspec writes
+        # every rank closes the admin APIs behind the pod's secret: a placeholder the image's argv
+        # shim fills from the container's environment (the app's Secret), so the value is in no file
+        # trtspec writes and on no command line (not $(VAR), which Kubernetes puts into argv)
         for rank in plan.ranks:
-            assert f"--grpc-restricted-protocol=model-repository,shared-memory,trace,logging:trtspec-admin-key=" \
-                   f"$({SECRET_ENV})" in rank
+            assert f"--grpc-restricted-protocol=@trtspec@model-repository,shared-memory,trace,logging:" \
+                   f"trtspec-admin-key={{{SECRET_ENV}}}" in rank
+        assert "$(" not in " ".join(c["args"])
+        assert {"name": "LD_PRELOAD", "value": IMAGE_ARGV_SHIM} in c["env"]
+        if layout.mode != "single":  # each MPI app context exports the shim and the secret's name
+            assert c["args"].count(f"LD_PRELOAD={IMAGE_ARGV_SHIM}") == layout.world_size
+            assert c["args"].count(SECRET_ENV) == layout.world_size
         assert {"name": SECRET_ENV, "valueFrom": {"secretKeyRef": {"name": admin_secret_name(_deployment(files, track)["metadata"]["labels"]["app.kubernetes.io/name"]),
                                                                    "key": "admin-key"}}} in c["env"]
         # the trtspec serving image docker/Dockerfile builds on the recipe's NVIDIA base (make image)
@@ -432,8 +439,8 @@ def test_a_required_header_reaches_the_pods_through_the_secret_and_the_probe_sen
     d["serving"]["require_header"] = "x-gateway-key"
     recipe = parse_recipe(d)
     args = pod_server_args(recipe)
-    assert f"--grpc-restricted-protocol=inference,metadata,model-config,statistics:x-gateway-key=" \
-           f"$({REQUIRED_HEADER_ENV})" in args
+    assert f"--grpc-restricted-protocol=@trtspec@inference,metadata,model-config,statistics:x-gateway-key=" \
+           f"{{{REQUIRED_HEADER_ENV}}}" in args
     cmd = secret_command("app", recipe, "llm")
     assert "create secret generic app-admin" in cmd and f'required-header="${REQUIRED_HEADER_ENV}"' in cmd
     probe = liveness_command(header="x-gateway-key")[-1]
@@ -443,5 +450,5 @@ def test_a_required_header_reaches_the_pods_through_the_secret_and_the_probe_sen
     files = k8s_files(recipe, layout, repository="/workspace/r", baseline_repository="/workspace/b",
                       opts=K8sOptions(mount_path="/workspace"))
     c = _container(_deployment(files))
-    assert [e["name"] for e in c["env"]] == [SECRET_ENV, REQUIRED_HEADER_ENV]
+    assert [e["name"] for e in c["env"]] == [SECRET_ENV, REQUIRED_HEADER_ENV, "LD_PRELOAD"]
     assert c["livenessProbe"]["exec"]["command"][-1] == probe

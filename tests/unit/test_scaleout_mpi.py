@@ -26,7 +26,7 @@ from trtspec.triton import placement
 from trtspec.triton.launch import mpi
 from trtspec.triton.launch.mpi import MpiTritonServer, launch_plan
 from trtspec.triton.placement import Layout, Placement, layout_for
-from trtspec.triton.access import restricted_args
+from trtspec.triton.access import SECRET_ENV, hidden_restricted_args
 from trtspec.trtllm.plan import make_plan
 from tests.goldens import check_golden
 
@@ -249,15 +249,15 @@ FAKE_MPIRUN = textwrap.dedent('''\
             assert cur[:2] == ["-n", "1"], cur
             env, rest = {}, cur[2:]
             while rest[0] == "-x":
-                k, v = rest[1].split("=", 1)
-                env[k] = v
+                k, eq, v = rest[1].partition("=")
+                env[k] = v if eq else {"from mpirun's environment": os.environ.get(k)}  # -x NAME
                 rest = rest[2:]
             contexts.append({"env": env, "argv": rest})
             cur = []
         else:
             cur.append(a)
     with open(os.environ["FAKE_MPIRUN_RECORD"], "w") as f:
-        json.dump(contexts, f)
+        json.dump({"contexts": contexts, "mpirun_preload": os.environ.get("LD_PRELOAD")}, f)
     if os.environ.get("FAKE_MPIRUN_FAIL"):
         print("rank 1: E0101 failed to load 'tensorrt_llm' version 1: CUDA out of memory", file=sys.stderr)
         sys.exit(1)
@@ -297,17 +297,30 @@ def test_runner_starts_every_rank_waits_for_ready_and_stops(tmp_path, fake_mpiru
         e = server.endpoints
         with urllib.request.urlopen(f"{e.http}/v2/health/ready", timeout=5) as r:
             assert r.status == 200
-        contexts = json.loads(record.read_text())
+        recorded = json.loads(record.read_text())
+        cmdline = pathlib.Path(f"/proc/{server.proc.pid}/cmdline").read_bytes()
+    contexts = recorded["contexts"]
     assert server.returncode is not None and not server.running
     assert len(contexts) == 7
-    assert all(c["env"] == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "0"} for c in contexts)
+    shim = str(server.argv_shim)
+    # every rank: the orchestrator's variables, the argv shim, and the secret by name only (mpirun
+    # passes its own value; mpirun itself does not preload the shim)
+    assert all(c["env"] == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "0",
+                            "LD_PRELOAD": shim, SECRET_ENV: {"from mpirun's environment": server.secret}}
+               for c in contexts)
+    assert recorded["mpirun_preload"] is None
+    assert server.secret.encode() not in cmdline and f"-x {SECRET_ENV} ".encode().replace(b" ", b"\0") in cmdline
     assert [c["argv"] for c in contexts] == [list(r) for r in server.plan.ranks]
+    # every rank closes the admin APIs (placeholders the shim fills from the secret)
+    assert all(set(hidden_restricted_args()) <= set(c["argv"]) for c in contexts)
     # the plan the runner ran is the pure plan with this server's ports, binary and shm prefix
     assert server.plan == launch_plan(layout, repository=str((tmp_path / "repo").resolve()), host=e.host,
                                       grpc_port=e.grpc_port, http_port=e.http_port, metrics_port=e.metrics_port,
                                       tritonserver="/opt/tritonserver/bin/tritonserver", mpirun=str(mpirun),
                                       shm_prefix=server.shm_prefix, exit_timeout=server.exit_timeout,
-                                      log_verbose=0, extra_args=tuple(restricted_args(server.secret)))
+                                      log_verbose=0, extra_args=tuple(hidden_restricted_args()), argv_shim=shim,
+                                      controls=server.plan.controls)
+    assert mpi.WATCHDOG_MPI in server.plan.controls
     assert len(set(server.plan.shm_prefixes)) == 7 and all(p.startswith(server.shm_prefix) for p in server.plan.shm_prefixes)
 
 
@@ -423,3 +436,101 @@ def test_with_repository_layout_keeps_single_process_repositories_and_wraps_engi
     assert isinstance(server, MpiTritonServer) and server.layout.world_size == 4
     assert (server.host, server.ports, server.ready_timeout, server.binary) == (
         "0.0.0.0", (9001, 9000, 9002), 600, single.binary)
+
+
+# ------------------------------------------------- every launch path keeps every control (issue 30)
+
+DRY_RUN_CASES = {
+    # an engine world of 7 ranks behind TLS and a required header, bound to every address
+    "dry-run-6gpu-prespawn-tls-header": dict(
+        recipe=dict(tp=4, draft_tp=2, speculation={**DRAFT, "use_draft_logits": True},
+                    trtllm={"gpu_device_ids": [0, 1, 2, 3], "draft_gpu_device_ids": [4, 5]}),
+        tls=True, header=True, shim=True),
+    # leader mode, no TLS, no header: still the admin secret on every rank, and no watchdog (said why)
+    "dry-run-2gpu-leader": dict(recipe=dict(tp=2), tls=False, header=False, shim=True),
+    # no C compiler: the values themselves go on the command line, and the plan says so
+    "dry-run-2gpu-leader-no-shim": dict(recipe=dict(tp=2), tls=False, header=False, shim=False),
+    # the single-process launch of the torch runtime: watchdog flags, HTTP on loopback under TLS
+    "dry-run-single-tls-header": dict(recipe=None, tls=True, header=True, shim=True),
+}
+HEADER_VALUE = "gateway-value-0123456789abcdef"
+
+
+def _dry_run(tmp_path, monkeypatch, case: dict, as_json: bool = False):
+    from click.testing import CliRunner
+    from trtspec.cli import main
+    from trtspec.triton.render import package
+
+    repo = tmp_path / "repo"
+    if case["recipe"] is None:
+        package(load_recipe(REPO / "build_configs" / "tiny-cpu-ngram.yaml"), repo)
+    else:
+        package(_recipe(**case["recipe"]), repo, build_dir="/workspace/build/llama-70b")
+    shim = tmp_path / "libtrtspec_argv.so"
+    shim.write_text("")
+    monkeypatch.setenv("TRTSPEC_ARGV_SHIM", str(shim) if case["shim"] else str(tmp_path / "no-such-shim.so"))
+    monkeypatch.setenv("TRTSPEC_REQUIRED_HEADER_VALUE", HEADER_VALUE)
+    monkeypatch.delenv("TRTSPEC_HOST", raising=False)
+    args = ["serve", str(repo), "--dry-run", "--host", "0.0.0.0", "--grpc-port", "8001", "--http-port", "8000",
+            "--metrics-port", "8002"]
+    if case["tls"]:
+        for name in ("cert.pem", "key.pem", "ca.pem"):
+            (tmp_path / name).write_text("")
+        args += ["--tls-cert", tmp_path / "cert.pem", "--tls-key", tmp_path / "key.pem", "--tls-ca", tmp_path / "ca.pem"]
+    if case["header"]:
+        args += ["--require-header", "x-gateway-key"]
+    res = CliRunner().invoke(main, [str(a) for a in args] + (["--json"] if as_json else []), catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    return res.stdout.replace(str(tmp_path), "<tmp>")
+
+
+@pytest.mark.parametrize("name", sorted(DRY_RUN_CASES))
+def test_the_dry_run_plan_carries_every_control_golden(name, tmp_path, monkeypatch):
+    case = DRY_RUN_CASES[name]
+    text = _dry_run(tmp_path, monkeypatch, case)
+    plan = json.loads(_dry_run(tmp_path / "again", monkeypatch, case, as_json=True)
+                      .replace("<tmp>/again", "<tmp>"))
+    _golden(f"{name}.txt", text)
+    mpi_world = case["recipe"] is not None
+    assert HEADER_VALUE not in text
+    ranks = plan["ranks"]
+    for argv in ranks:  # every rank: the admin APIs closed; the required header when asked for
+        assert sum(a.startswith(("--http-restricted-api=", "--grpc-restricted-protocol=")) for a in argv) == \
+            2 * (1 + case["header"])
+        if case["shim"]:
+            assert set(hidden_restricted_args()) <= set(argv)
+        else:
+            assert "--http-restricted-api=model-repository,shared-memory,trace,logging:trtspec-admin-key="\
+                   "<per-launch secret>" in argv
+    rank0 = ranks[0]
+    assert "--grpc-address=0.0.0.0" in rank0 and "--metrics-address=0.0.0.0" in rank0
+    # Triton 2.51 has no HTTP TLS: under TLS, HTTP binds loopback
+    assert f"--http-address={'127.0.0.1' if case['tls'] else '0.0.0.0'}" in rank0
+    assert ("--grpc-use-ssl-mutual=true" in rank0) == case["tls"]
+    controls = "\n".join(plan["controls"])
+    if mpi_world:
+        assert mpi.WATCHDOG_MPI in plan["controls"]
+        if case["shim"]:  # each app context exports the shim and the secret's name (never its value)
+            contexts = " ".join(plan["argv"]).split(" : ")
+            assert all("-x LD_PRELOAD=<tmp>/libtrtspec_argv.so -x TRTSPEC_LAUNCH_SECRET" in c for c in contexts)
+    else:
+        assert "--model-control-mode=explicit" in rank0 and "watchdog: on" in controls
+    assert ("secrets on the command line: none" in controls) == case["shim"]
+    if not case["shim"]:
+        assert "install gcc" in controls
+
+
+def test_serve_says_an_mpi_world_has_no_watchdog(tmp_path, fake_mpirun, capfd):
+    from trtspec.triton.launch.server import TritonServer
+    from trtspec.triton.launch.watchdog import WatchdogSettings
+    from trtspec.triton.render import package
+
+    mpirun, _ = fake_mpirun
+    package(_recipe(tp=2), tmp_path / "tp2", build_dir="/b")
+    plain = TritonServer(tmp_path / "tp2", binary="/opt/tritonserver/bin/tritonserver", workdir=tmp_path / "work",
+                         watchdog=WatchdogSettings(), ready_timeout=20)
+    server = mpi.with_repository_layout(plain)
+    server.mpirun = str(mpirun)
+    with server:
+        assert server.watchdog is None
+    assert mpi.WATCHDOG_MPI in capfd.readouterr().err

@@ -52,7 +52,7 @@ import yaml
 
 from trtspec.errors import ConfigError, StageError
 from trtspec.manifest import atomic_dir, write_manifest
-from trtspec.triton.access import REQUIRED_HEADER_ENV, SECRET_ENV, RequiredHeader, restricted_args
+from trtspec.triton.access import IMAGE_ARGV_SHIM, REQUIRED_HEADER_ENV, SECRET_ENV, RequiredHeader, hidden_restricted_args
 from trtspec.triton.launch.mpi import launch_plan
 from trtspec.triton.placement import Layout, layout_for
 from trtspec import __version__
@@ -213,7 +213,8 @@ def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, 
     container: dict[str, Any] = {
         "name": "tritonserver",
         "image": opts.image_ref(image),
-        # args, not command: NVIDIA's entrypoint sets the container up, then runs them
+        # args, not command: the image's ENTRYPOINT (NVIDIA's nvidia_entrypoint.sh, kept by
+        # docker/Dockerfile) sets the container up, then execs them; they replace the image's CMD
         "args": list(argv),
         "ports": _ports(service=False),
         "startupProbe": {"httpGet": {"path": "/v2/health/ready", "port": "http"},
@@ -234,9 +235,10 @@ def _deployment(app: str, track: str, recipe, argv: tuple[str, ...], gpus: int, 
     if resources:
         container["resources"] = resources
     # the pod's admin secret (and the required header's value): from the Secret the `secret` command
-    # makes; tritonserver's args name them as $(VAR), which Kubernetes expands
+    # makes; tritonserver's args hold placeholders that the image's argv shim (LD_PRELOAD) fills from
+    # these variables, so the values are on no command line (docs/security.md)
     container["env"] = [{"name": var, "valueFrom": {"secretKeyRef": {"name": admin_secret_name(app), "key": key}}}
-                        for var, key in _secret_env(recipe)]
+                        for var, key in _secret_env(recipe)] + [{"name": "LD_PRELOAD", "value": IMAGE_ARGV_SHIM}]
     pod: dict[str, Any] = {
         "terminationGracePeriodSeconds": EXIT_TIMEOUT_S + 30,
         "automountServiceAccountToken": False,  # tritonserver never talks to the Kubernetes API
@@ -295,10 +297,14 @@ def _secret_env(recipe) -> list[tuple[str, str]]:
 
 def pod_server_args(recipe) -> tuple[str, ...]:
     """What every rank's tritonserver gets besides the launch plan: the admin APIs closed behind
-    the pod's secret, the required header (serving.require_header), serving.tritonserver_args."""
-    args = list(restricted_args(f"$({SECRET_ENV})"))
+    the pod's secret, the required header (serving.require_header), serving.tritonserver_args.
+    The secrets are placeholders (``{TRTSPEC_LAUNCH_SECRET}``) that the image's argv shim fills from
+    the container's environment (the Secret) inside tritonserver: not Kubernetes' ``$(VAR)``, which
+    the kubelet expands into the process's argv, readable in /proc/<pid>/cmdline. An image without
+    the shim leaves the placeholder, which tritonserver refuses (the pod fails, closed)."""
+    args = hidden_restricted_args(SECRET_ENV)
     if recipe.serving.require_header:
-        args += RequiredHeader(recipe.serving.require_header, f"$({REQUIRED_HEADER_ENV})").args()
+        args += RequiredHeader(recipe.serving.require_header, "").args(hide=True)
     return (*args, *recipe.serving.tritonserver_args)
 
 
@@ -517,7 +523,8 @@ def k8s_files(recipe, layout: Layout, *, repository: str, baseline_repository: s
         docs["k8s/pvc.yaml"] = [_pvc(claim, app, opts)]
     for track, repo in (("speculative", repository), ("baseline", baseline_repository)):
         plan = launch_plan(layout, repository=repo, host="0.0.0.0", grpc_port=GRPC_PORT, http_port=HTTP_PORT,
-                           metrics_port=METRICS_PORT, exit_timeout=EXIT_TIMEOUT_S, extra_args=pod_server_args(recipe))
+                           metrics_port=METRICS_PORT, exit_timeout=EXIT_TIMEOUT_S, extra_args=pod_server_args(recipe),
+                           argv_shim=IMAGE_ARGV_SHIM)
         docs[f"k8s/{track}.yaml"] = [
             _deployment(app, track, recipe, plan.argv, gpus, claim, image, opts),
             _service(f"{app}-{track}", app, track, opts),

@@ -16,9 +16,12 @@ environment, the server's python stubs (router, postprocessing, engines):
   (:data:`SECRET_INPUT`).
 
 What stays open: inference, health, metadata, model config and statistics (a client needs them).
-The secret is on tritonserver's command line, which other *local* users can read in /proc unless
-/proc is mounted with ``hidepid``: the restriction keeps out network peers, not users of the same
-host (docs/security.md).
+Triton 2.51 reads the keys only from its arguments, which other *local* users can read in
+/proc/<pid>/cmdline: the launcher writes them as placeholders (:func:`hidden`) that the argv shim
+(``argv_secrets.c``, preloaded; :func:`argv_shim`) fills from the environment before tritonserver's
+``main`` parses them, so neither the secret nor the required header's value is on a command line.
+Without a C compiler the launcher falls back to the values themselves, with a warning
+(docs/security.md).
 
 The bind address comes from ``--host`` or ``$TRTSPEC_HOST`` only, never from a repository's
 ``trtspec.json`` (a copied repository must not open the server to the network unasked); a
@@ -32,13 +35,18 @@ import hmac
 import ipaddress
 import json
 import os
+import pathlib
 import re
 import secrets
+import shutil
 import ssl
+import stat
+import subprocess
+import tempfile
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from trtspec.errors import ConfigError
+from trtspec.errors import ConfigError, ServerError
 
 RESTRICTED_APIS = ("model-repository", "shared-memory", "trace", "logging")
 HEADER = "trtspec-admin-key"
@@ -194,8 +202,11 @@ class RequiredHeader:
                               fix=f"export {REQUIRED_HEADER_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')")
         return cls(name, value)
 
-    def args(self) -> list[str]:
+    def args(self, *, hide: bool = False) -> list[str]:
+        """The flags; with ``hide``, placeholders the argv shim fills from :data:`REQUIRED_HEADER_ENV`."""
         apis = ",".join(GATED_APIS)
+        if hide:
+            return hidden(restricted_rules(GATED_APIS, self.name, "{" + REQUIRED_HEADER_ENV + "}"))
         return [f"--http-restricted-api={apis}:{self.name}={self.value}",
                 f"--grpc-restricted-protocol={apis}:{self.name}={self.value}"]
 
@@ -211,11 +222,126 @@ def new_secret() -> str:
     return secrets.token_urlsafe(32)
 
 
+def restricted_rules(apis: tuple[str, ...], header: str, value: str) -> list[str]:
+    return [f"--http-restricted-api={','.join(apis)}:{header}={value}",
+            f"--grpc-restricted-protocol={','.join(apis)}:{header}={value}"]
+
+
 def restricted_args(secret: str) -> list[str]:
     """tritonserver flags that close :data:`RESTRICTED_APIS` behind ``HEADER: secret``."""
-    apis = ",".join(RESTRICTED_APIS)
-    return [f"--http-restricted-api={apis}:{HEADER}={secret}",
-            f"--grpc-restricted-protocol={apis}:{HEADER}={secret}"]
+    return restricted_rules(RESTRICTED_APIS, HEADER, secret)
+
+
+def hidden_restricted_args(env: str = SECRET_ENV) -> list[str]:
+    """:func:`restricted_args` as placeholders: the argv shim fills in ``$env`` (the launch secret)."""
+    return hidden(restricted_rules(RESTRICTED_APIS, HEADER, "{" + env + "}"))
+
+
+# ------------------------------------------------------------------------------------------
+# the argv shim: secrets off the command line
+
+ARGV_MARK = "@trtspec@"  # after a flag's "=": the argv shim fills this argument in (argv_secrets.c)
+ARGV_SHIM_ENV = "TRTSPEC_ARGV_SHIM"  # a prebuilt shim (the serving image sets it)
+ARGV_SHIM_NAME = "libtrtspec_argv.so"
+IMAGE_ARGV_SHIM = "/usr/local/lib/trtspec/" + ARGV_SHIM_NAME  # where docker/Dockerfile installs it
+_PLACEHOLDER = re.compile(r"\{([A-Z][A-Z0-9_]*)\}")
+
+
+def hidden(flags: list[str]) -> list[str]:
+    """``--flag=VALUE{NAME}`` → ``--flag=@trtspec@VALUE{NAME}``: the argv shim drops the mark and
+    puts ``$NAME`` in place of ``{NAME}`` in the argv that tritonserver's main() parses;
+    /proc/<pid>/cmdline keeps the placeholder. Unfilled (no shim), the argument is not a valid
+    rule and tritonserver refuses to start (fail-closed)."""
+    out = []
+    for f in flags:
+        flag, _, value = f.partition("=")
+        out.append(f"{flag}={ARGV_MARK}{value}")
+    return out
+
+
+def placeholder_env(argv) -> list[str]:
+    """The environment variables the placeholders of ``argv`` read (in order, once each)."""
+    names: list[str] = []
+    for a in argv:
+        if ARGV_MARK in a:
+            names += [n for n in _PLACEHOLDER.findall(a) if n not in names]
+    return names
+
+
+def fill_placeholders(argv, environ: Mapping[str, str]) -> list[str]:
+    """What the argv shim makes of ``argv`` (a test's and a reader's reference)."""
+    out = []
+    for a in argv:
+        if "=" + ARGV_MARK in a:
+            a = a.replace("=" + ARGV_MARK, "=", 1)
+            a = _PLACEHOLDER.sub(lambda m: environ[m.group(1)], a)
+        out.append(a)
+    return out
+
+
+def _shim_source() -> pathlib.Path:
+    return pathlib.Path(__file__).resolve().parent / "launch" / "argv_secrets.c"
+
+
+def shim_cache_dir() -> pathlib.Path:
+    """``$XDG_CACHE_HOME/trtspec/argv`` (``~/.cache/trtspec/argv``), where the shim is built once."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "trtspec" / "argv"
+
+
+def argv_shim(environ: Mapping[str, str] | None = None) -> tuple[pathlib.Path | None, str | None]:
+    """(the argv shim's path, None), or (None, why not: a warning). ``$TRTSPEC_ARGV_SHIM`` (the
+    serving image's prebuilt one) first; else built with ``gcc`` once per source into
+    :func:`shim_cache_dir` (a private folder of this user: it is code tritonserver runs)."""
+    env = os.environ if environ is None else environ
+    given = env.get(ARGV_SHIM_ENV)
+    if given:
+        if os.path.isfile(given):
+            return pathlib.Path(given), None
+        return None, f"${ARGV_SHIM_ENV} names {given}, which is not a file"
+    src = _shim_source()
+    try:
+        code = src.read_bytes()
+    except OSError as e:
+        return None, f"the argv shim's source {src} cannot be read ({e.strerror})"
+    folder = shim_cache_dir() / hashlib.sha256(code).hexdigest()[:16]
+    lib = folder / ARGV_SHIM_NAME
+    if _private_file(lib):
+        return lib, None
+    cc = shutil.which(env.get("CC") or "gcc") or shutil.which("cc")
+    if cc is None:
+        return None, "no C compiler (gcc) to build the argv shim"
+    try:
+        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(folder, 0o700)
+        with tempfile.TemporaryDirectory(dir=folder) as tmp:
+            out = pathlib.Path(tmp) / ARGV_SHIM_NAME
+            r = subprocess.run([cc, "-shared", "-fPIC", "-O2", "-Wall", "-o", str(out), str(src)],
+                               capture_output=True, text=True, timeout=120)
+            if r.returncode != 0:
+                return None, f"building the argv shim failed: {(r.stderr or r.stdout).strip()[:300]}"
+            os.chmod(out, 0o700)
+            os.replace(out, lib)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"building the argv shim failed: {e}"
+    return (lib, None) if _private_file(lib) else (None, f"{lib} is not a private file of yours")
+
+
+def _private_file(p: pathlib.Path) -> bool:
+    """A regular file (not a link) of this user that nobody else may write, in such a folder."""
+    try:
+        for q, want in ((p.parent, stat.S_ISDIR), (p, stat.S_ISREG)):
+            st = os.lstat(q)
+            if not want(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o022:
+                return False
+    except OSError:
+        return False
+    return True
+
+
+SHIM_FALLBACK_WARNING = ("the admin secret and the required header's value are on tritonserver's command line, "
+                         "readable by every local user in /proc/<pid>/cmdline ({why}); install gcc (or set "
+                         f"${ARGV_SHIM_ENV} to a built {ARGV_SHIM_NAME}) to keep them off it (docs/security.md)")
 
 
 def http_headers(secret: str | None) -> dict[str, str]:
@@ -296,3 +422,52 @@ def exposure_warning(host: str, grpc_port: int, http_port: int, metrics_port: in
             + ("the header is a shared secret, not per-client authentication" if required_header is not None
                else "there is no client authentication")
             + ": put the server behind a gateway or a mesh (docs/security.md)")
+
+
+# ------------------------------------------------------------------------------------------
+# the per-user state folder (trtspec.triton.launch.state: the launcher's records and start lock;
+# trtspec.triton.backend.worker: the engine-load lock)
+
+
+def state_dir(environ: Mapping[str, str] | None = None, tmp: str | None = None) -> pathlib.Path:
+    """This user's private state folder (created 0700); ServerError when it is not safe to use."""
+    env = os.environ if environ is None else environ
+    uid = os.getuid()
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime and _private_dir(pathlib.Path(runtime), uid):
+        d = pathlib.Path(runtime) / "trtspec"
+    else:
+        d = pathlib.Path(tmp or tempfile.gettempdir()) / f"trtspec-{uid}"
+    try:
+        os.mkdir(d, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise ServerError(f"cannot create trtspec's state folder {d}: {e}") from None
+    why = _unsafe(d, uid)
+    if why:
+        raise ServerError(f"trtspec's state folder {d} {why}; refusing to use it (its records decide what "
+                          "trtspec deletes)",
+                          fix="remove it if you did not make it (another user may have), or set XDG_RUNTIME_DIR "
+                              "to a private folder of yours")
+    return d
+
+
+def _private_dir(p: pathlib.Path, uid: int) -> bool:
+    return _unsafe(p, uid) is None
+
+
+def _unsafe(p: pathlib.Path, uid: int) -> str | None:
+    try:
+        st = os.lstat(p)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symlink"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a folder"
+    if st.st_uid != uid:
+        return f"belongs to uid {st.st_uid}, not to you (uid {uid})"
+    if st.st_mode & 0o077:
+        return f"is open to other users (mode {stat.S_IMODE(st.st_mode):o}, want 700)"
+    return None

@@ -33,7 +33,7 @@ import shutil
 import socket
 import subprocess
 import sys
-import tempfile
+import stat
 import threading
 import time
 import traceback
@@ -239,7 +239,7 @@ class WorkerEngine:
 # the worker process
 
 
-LOAD_LOCK = "trtspec-engine-load.lock"  # in the temp folder: one per machine
+LOAD_LOCK = "engine-load.lock"  # in this user's state folder (trtspec.triton.launch.state)
 
 
 @contextlib.contextmanager
@@ -248,14 +248,38 @@ def one_load_at_a_time():
     checkpoint peaks at several times the loaded model (the Qwen 1.5B INT4 target: 8.4 GiB of
     anonymous memory for 2.9 GiB loaded), and tritonserver starts every model at once: with two
     targets and a draft loading together the OOM killer took one on a 24 GiB machine. The lock
-    (``flock``) goes with the process, so a worker killed while loading frees it."""
-    path = os.path.join(tempfile.gettempdir(), LOAD_LOCK)
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
+    (``flock``) goes with the process, so a worker killed while loading frees it.
+
+    The lock is per user: a file in this user's private state folder (``$XDG_RUNTIME_DIR/trtspec``
+    or ``<tmp>/trtspec-<uid>``, 0700), opened with ``O_NOFOLLOW``. A machine-wide file in /tmp let
+    the first user's 0600 file (or a planted symlink) stop every other user's engines from loading.
+    When that folder cannot be used the engine loads without waiting (the lock only spreads memory
+    peaks; it guards nothing), with a warning."""
+    from trtspec.triton.access import state_dir  # lazy: only a worker that loads an engine needs it
+
+    fd = None
+    try:
+        d = state_dir()
+        fd = os.open(os.path.join(d, LOAD_LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid():
+            raise OSError(f"{os.path.join(d, LOAD_LOCK)} is not a regular file of yours")
+    except Exception as e:  # noqa: BLE001 - ServerError (an unsafe folder) or OSError
+        if fd is not None:
+            os.close(fd)
+            fd = None
+        print(f"trtspec: warning: loading without the one-load-at-a-time lock: {e}", file=sys.stderr, flush=True)
+    if fd is None:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
 
 
 def serve(conn: Connection) -> int:

@@ -45,6 +45,7 @@ import os
 import pathlib
 import shlex
 import shutil
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,7 +56,8 @@ from trtspec.triton.launch.paths import pytriton_dist
 from trtspec.triton.placement import MODES, Layout, layout_for
 from trtspec.triton.render import parse_model_config, read_repository_manifest
 from trtspec.trtllm.handoff import TrtllmBuild
-from trtspec.triton.access import restricted_args
+from trtspec.triton.access import (SHIM_FALLBACK_WARNING, argv_shim, hidden_restricted_args, is_loopback,
+                                   placeholder_env, restricted_args)
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,14 +77,25 @@ class LaunchPlan:
     ranks: tuple[tuple[str, ...], ...]  # each rank's tritonserver argv
     argv: tuple[str, ...]  # the whole command (mpirun ... : ..., or the single tritonserver)
     shm_prefixes: tuple[str, ...] = field(default=())
+    http_host: str | None = None  # where HTTP binds when not on host (127.0.0.1 under TLS)
+    # tritonserver's environment beyond the caller's: the argv shim (LD_PRELOAD) and the names of the
+    # variables its placeholders read (their values come from the launcher's environment, never argv)
+    env: tuple[tuple[str, str | None], ...] = field(default=())
+    controls: tuple[str, ...] = field(default=())  # what the launch does about each security control
+
+    @property
+    def http_address(self) -> str:
+        return self.http_host or self.host
 
     def to_dict(self) -> dict[str, Any]:
         return {
             **self.layout.to_dict(),
             "repository": self.repository,
-            "endpoints": {"grpc": f"{self.host}:{self.grpc_port}", "http": f"http://{self.host}:{self.http_port}",
+            "endpoints": {"grpc": f"{self.host}:{self.grpc_port}", "http": f"http://{self.http_address}:{self.http_port}",
                           "metrics": f"http://{self.host}:{self.metrics_port}/metrics"},
             "shm_prefixes": list(self.shm_prefixes),
+            **({"server_env": {k: v for k, v in self.env}} if self.env else {}),
+            **({"controls": list(self.controls)} if self.controls else {}),
             "ranks": [list(r) for r in self.ranks],
             "argv": list(self.argv),
         }
@@ -105,8 +118,14 @@ class LaunchPlan:
             lines.append(f"  rank 0 orchestrates and serves; ranks 1..{lay.world_size - 1} are the engines' workers")
         if lay.env:
             lines.append("  env: " + " ".join(f"{k}={v}" for k, v in lay.env))
-        lines.append(f"  endpoints: gRPC {self.host}:{self.grpc_port}, HTTP {self.host}:{self.http_port}, "
+        lines.append(f"  endpoints: gRPC {self.host}:{self.grpc_port}, HTTP {self.http_address}:{self.http_port}, "
                      f"metrics {self.host}:{self.metrics_port}")
+        if self.env:
+            lines.append("  server env: " + " ".join(k if v is None else f"{k}={v}" for k, v in self.env)
+                         + "  (names alone: values from the launcher's environment)")
+        if self.controls:
+            lines.append("controls:")
+            lines += [f"  {c}" for c in self.controls]
         lines.append("command:")
         lines.append("  " + _pretty(self.argv))
         return "\n".join(lines) + "\n"
@@ -140,9 +159,18 @@ def launch_plan(
     log_verbose: int | None = None,
     extra_args: tuple[str, ...] = (),
     oversubscribe: bool = False,
+    http_host: str | None = None,
+    argv_shim: str | None = None,
+    controls: tuple[str, ...] = (),
 ) -> LaunchPlan:
     """argv for ``layout`` serving ``repository`` (pure). Defaults are launch_triton_server.py's:
-    ports 8000/8001/8002 and shared-memory prefixes ``prefix{rank}_``."""
+    ports 8000/8001/8002 and shared-memory prefixes ``prefix{rank}_``.
+
+    ``http_host``: where rank 0's HTTP binds instead of ``host`` (127.0.0.1 under TLS: Triton 2.51 has
+    no HTTP TLS). ``argv_shim``: the library that fills the ``@trtspec@`` placeholders of
+    ``extra_args`` (trtspec.triton.access.hidden): every app context gets ``-x LD_PRELOAD=...`` and
+    ``-x NAME`` for each variable the placeholders read (mpirun passes its own value: never on a
+    command line); mpirun itself never loads it. ``controls``: lines the plan shows."""
     if layout.mode not in MODES:
         raise ConfigError("runtime.trtllm.launch_mode", layout.mode, f"unknown launch mode; one of {', '.join(MODES)}")
     prefixes = tuple(f"{shm_prefix}{i}_" for i in range(layout.world_size))
@@ -150,7 +178,7 @@ def launch_plan(
     for i in range(layout.world_size):
         argv = [tritonserver, f"--model-repository={repository}"]
         if i == 0:
-            argv += [f"--http-address={host}", f"--http-port={http_port}",
+            argv += [f"--http-address={http_host or host}", f"--http-port={http_port}",
                      f"--grpc-address={host}", f"--grpc-port={grpc_port}",
                      f"--metrics-address={host}", f"--metrics-port={metrics_port}"]
         else:
@@ -167,6 +195,10 @@ def launch_plan(
             argv.append(f"--log-verbose={log_verbose}")
         argv += list(extra_args)
         ranks.append(tuple(argv))
+    names = placeholder_env(extra_args)
+    env: list[tuple[str, str | None]] = []
+    if argv_shim is not None and names:
+        env = [("LD_PRELOAD", argv_shim), *((n, None) for n in names)]
     if layout.mode == "single":
         cmd: list[str] = list(ranks[0])
     else:
@@ -175,11 +207,12 @@ def launch_plan(
             if i:
                 cmd.append(":")
             cmd += ["-n", "1"]
-            for k, v in layout.env:
-                cmd += ["-x", f"{k}={v}"]
+            for k, v in (*layout.env, *env):
+                cmd += ["-x", k if v is None else f"{k}={v}"]
             cmd += argv
     return LaunchPlan(layout=layout, repository=repository, host=host, grpc_port=grpc_port, http_port=http_port,
-                      metrics_port=metrics_port, ranks=tuple(ranks), argv=tuple(cmd), shm_prefixes=prefixes)
+                      metrics_port=metrics_port, ranks=tuple(ranks), argv=tuple(cmd), shm_prefixes=prefixes,
+                      http_host=http_host, env=tuple(env), controls=tuple(controls))
 
 
 # --------------------------------------------------------------------------------------------
@@ -230,13 +263,61 @@ def plan_for_repository(repository: str | os.PathLike, **kwargs) -> LaunchPlan:
 # running it
 
 
+WATCHDOG_MPI = ("watchdog: off: it cannot reload the ranks of an MPI world (an engine model's ranks load "
+                "together; rank 0 alone cannot reload it); a dead python stub is covered by the liveness probe "
+                "(trtspec deploy k8s) or by restarting trtspec serve")
+
+
+def launch_controls(server: TritonServer, layout: Layout, *, http_host: str | None, shim: str | None,
+                    shim_warning: str | None) -> tuple[str, ...]:
+    """What a launch does about each control of docs/security.md: the plan prints them."""
+    rh = getattr(server, "required_header", None)
+    tls = getattr(server, "tls", None)
+    ranks = " on every rank" if layout.world_size > 1 else ""
+    out = [f"admin APIs (model-repository, shared-memory, trace, logging): need this launch's secret{ranks}",
+           (f"required header: {rh.name} on inference, metadata, model config, statistics{ranks} "
+            f"(value from $TRTSPEC_REQUIRED_HEADER_VALUE)") if rh is not None
+           else "required header: none (serving.require_header or serve --require-header)",
+           f"TLS: gRPC{' with mutual TLS' if tls is not None and tls.ca else ''}" if tls is not None else "TLS: none",
+           f"bind: gRPC and metrics on {server.host}, HTTP on {http_host or server.host}"
+           + (" (Triton 2.51 has no HTTP TLS)" if http_host else "")
+           + ("; ranks > 0 open no endpoint" if layout.world_size > 1 else "")]
+    if shim is not None:
+        out.append("secrets on the command line: none (placeholders filled from the environment by the argv shim)")
+    else:
+        out.append(f"secrets on the command line: YES: {shim_warning}")
+    if layout.mode != "single":
+        out.append(WATCHDOG_MPI)
+    elif getattr(server, "watchdog_settings", None) is not None:
+        out.append("watchdog: on (explicit model control; reloads a model whose python stub died)")
+    else:
+        out.append("watchdog: off")
+    return tuple(out)
+
+
+def _tls_http_host(server: TritonServer) -> str | None:
+    """Triton's HTTP has no TLS: under TLS it binds 127.0.0.1 (as TritonServer.start does)."""
+    return "127.0.0.1" if getattr(server, "tls", None) is not None and not is_loopback(server.host) else None
+
+
+def _secret_args(server: TritonServer, hide: bool, secret: str) -> list[str]:
+    out = hidden_restricted_args() if hide else restricted_args(secret)
+    if getattr(server, "required_header", None) is not None:
+        out += server.required_header.args(hide=hide)
+    return out
+
+
 class MpiTritonServer(TritonServer):
     """:class:`TritonServer` whose command is a :class:`LaunchPlan`: ``mpirun`` with one tritonserver
     per rank (or the single tritonserver). Readiness, failure reasons and the graceful stop are the
-    base class's; each rank's python backend gets its own shared-memory prefix under this server's."""
+    base class's; each rank's python backend gets its own shared-memory prefix under this server's.
+    Every rank gets the admin secret and the required header (as placeholders the argv shim fills,
+    ``-x``-exported to each rank), rank 0 the TLS flags and the bind addresses (HTTP on 127.0.0.1
+    under TLS). There is no watchdog (:data:`WATCHDOG_MPI`)."""
 
     def __init__(self, repository: str | os.PathLike, layout: Layout, *, mpirun: str | None = None,
                  oversubscribe: bool = False, **kwargs):
+        self.watchdog_declined = kwargs.pop("watchdog", None) is not None
         super().__init__(repository, **kwargs)
         self.layout = layout
         self.mpirun = mpirun
@@ -249,8 +330,16 @@ class MpiTritonServer(TritonServer):
                 f"mpirun not found: the {self.layout.mode} launch runs {self.layout.world_size} MPI rank(s)",
                 fix="serve engine repositories inside NVIDIA's Triton TRT-LLM container (docs/trtllm.md), "
                     "or print the plan with: trtspec serve REPO --dry-run")
+        if self.watchdog_declined:
+            print(f"note: {WATCHDOG_MPI}", file=sys.stderr, flush=True)
         super().start()
         return self
+
+    def server_env(self) -> dict[str, str]:
+        env = super().server_env()
+        if self.argv_shim is not None and self.layout.mode != "single":
+            env.pop("LD_PRELOAD", None)  # the ranks get it with -x; mpirun itself never loads it
+        return env
 
     def command(self, backends: pathlib.Path | None) -> list[str]:
         # by name, as launch_triton_server.py does: OpenMPI called by absolute path acts as --prefix
@@ -263,21 +352,26 @@ class MpiTritonServer(TritonServer):
             if dist is not None and (dist / "caches").is_dir():
                 extra.append(f"--cache-directory={dist / 'caches'}")
         e = self.endpoints
+        shim = str(self.argv_shim) if self.argv_shim is not None else None
         self.plan = launch_plan(
             self.layout, repository=str(self.repository), host=e.host, grpc_port=e.grpc_port,
             http_port=e.http_port, metrics_port=e.metrics_port, tritonserver=str(self.binary),
             mpirun=mpirun, shm_prefix=self.shm_prefix, exit_timeout=self.exit_timeout,
-            log_verbose=self.log_verbose, extra_args=(*extra, *restricted_args(self.secret), *(self.tls.args() if self.tls else ()),
-                        *self.extra_args),
-            oversubscribe=self.oversubscribe,
+            log_verbose=self.log_verbose,
+            extra_args=(*extra, *_secret_args(self, shim is not None, self.secret),
+                        *(self.tls.args() if self.tls else ()), *self.extra_args),
+            oversubscribe=self.oversubscribe, http_host=e.http_host, argv_shim=shim,
+            controls=launch_controls(self, self.layout, http_host=e.http_host, shim=shim,
+                                     shim_warning=self.argv_shim_warning),
         )
         return list(self.plan.argv)
 
 
 def with_repository_layout(server: TritonServer) -> TritonServer:
     """``server`` itself for a single-process repository; for a repository of TRT-LLM engines, an
-    :class:`MpiTritonServer` with the same settings (address, ports, timeouts, binary, work folder)
-    that launches the repository's layout. ``server`` must not be started yet."""
+    :class:`MpiTritonServer` with the same settings (address, ports, timeouts, binary, work folder,
+    TLS, required header, passthrough) that launches the repository's layout, without the watchdog
+    (:data:`WATCHDOG_MPI`; ``trtspec serve`` says so). ``server`` must not be started yet."""
     if server.proc is not None:
         raise ServerError("with_repository_layout() needs a server that has not started")
 
@@ -291,12 +385,16 @@ def with_repository_layout(server: TritonServer) -> TritonServer:
         server.repository, layout, host=server.host, grpc_port=grpc_port, http_port=http_port,
         metrics_port=metrics_port, ready_timeout=server.ready_timeout, exit_timeout=server.exit_timeout,
         binary=server.binary, workdir=server.workdir_arg, log_verbose=server.log_verbose,
-        extra_args=server.extra_args, tls=server.tls,
+        extra_args=server.extra_args, tls=server.tls, required_header=server.required_header,
+        watchdog=server.watchdog_settings, entry_points=server.entry_points, on_progress=server.on_progress,
     )
 
 
 def planned_launch(server: TritonServer) -> LaunchPlan:
-    """What ``server.start()`` would run, without running anything (``trtspec serve --dry-run``).
+    """What ``server.start()`` would run, without running anything (``trtspec serve --dry-run``):
+    every rank's controls (admin secret, required header, TLS, bind addresses, the watchdog or why
+    not) and the argv shim that keeps the secrets off the command line (built here if needed, as
+    the start would).
 
     Ports left at 0 (a free port at start) are shown as Triton's defaults 8001/8000/8002, and the
     python-backend shared-memory prefixes as launch_triton_server.py's ``prefix{rank}_``.
@@ -309,7 +407,12 @@ def planned_launch(server: TritonServer) -> LaunchPlan:
     else:
         layout = Layout(mode="single", world_size=1)
     grpc_port, http_port, metrics_port = server.ports
-    extra = (*restricted_args("<per-launch secret>"), *server.extra_args)
+    shim_path, why = argv_shim()
+    shim = str(shim_path) if shim_path is not None else None
+    why = None if shim else why
+    http_host = _tls_http_host(server)
+    extra = (*_secret_args(server, shim is not None, "<per-launch secret>"),
+             *(server.tls.args() if getattr(server, "tls", None) is not None else ()), *server.extra_args)
     if layout.mode == "single" and getattr(server, "watchdog_settings", None) is not None:
         # as TritonServer.command(): the watchdog's model repository lives in the work folder
         extra = ("--model-control-mode=explicit", "--load-model=*",
@@ -319,5 +422,7 @@ def planned_launch(server: TritonServer) -> LaunchPlan:
         http_port=http_port or 8000, metrics_port=metrics_port or 8002,
         tritonserver=str(server.binary) if server.binary else "tritonserver",
         mpirun=getattr(server, "mpirun", None) or "mpirun", exit_timeout=server.exit_timeout,
-        log_verbose=server.log_verbose, extra_args=extra,
+        log_verbose=server.log_verbose, extra_args=extra, http_host=http_host, argv_shim=shim,
+        controls=launch_controls(server, layout, http_host=http_host, shim=shim,
+                                 shim_warning=SHIM_FALLBACK_WARNING.format(why=why) if why else None),
     )

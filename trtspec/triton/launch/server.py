@@ -46,14 +46,16 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
-from trtspec.errors import ServerError
+from trtspec.errors import ConfigError, ServerError
+from trtspec.passthrough import check_tritonserver_args
 from trtspec.resources import templates_dir
 from trtspec.triton.launch.paths import pytriton_dist
 from trtspec.triton.launch.watchdog import WATCHDOG_MODEL, WatchdogSettings
 from trtspec.triton.render import read_repository_manifest
 from trtspec.triton.launch.watchdog import Watchdog, watchdog_config
 from trtspec.client.targets import ClientOptions, TLSOptions
-from trtspec.triton.access import (INTERNAL_ENV, SECRET_ENV, InternalClient, RequiredHeader, TlsSettings, is_loopback,
+from trtspec.triton.access import (INTERNAL_ENV, REQUIRED_HEADER_ENV, SECRET_ENV, SHIM_FALLBACK_WARNING, InternalClient,
+                                   RequiredHeader, TlsSettings, argv_shim, hidden_restricted_args, is_loopback,
                                    new_secret, resolve_host, restricted_args)
 from trtspec.triton.launch.state import owned_python_env, read_records, start_lock, state_dir, write_record
 
@@ -298,6 +300,9 @@ class TritonServer:
             headers=(required_header.grpc_header(),) if required_header is not None else ())
         # (models ready, models in the repository, label) while start() waits: a progress bar
         self.on_progress = on_progress
+        # the LD_PRELOAD library that keeps the secrets off the command line (picked at start)
+        self.argv_shim: pathlib.Path | None = None
+        self.argv_shim_warning: str | None = None
 
     # ---------------------------------------------------------------- command
 
@@ -313,9 +318,8 @@ class TritonServer:
             f"--exit-timeout-secs={self.exit_timeout}",
             "--disable-auto-complete-config",
             f"--log-verbose={self.log_verbose}",
-            *restricted_args(self.secret),
+            *self.secret_args(),
             *(self.tls.args() if self.tls is not None else []),
-            *(self.required_header.args() if self.required_header is not None else []),
         ]
         if backends is not None:
             cmd.append(f"--backend-directory={backends}")
@@ -327,6 +331,31 @@ class TritonServer:
             cmd += ["--model-control-mode=explicit", "--load-model=*",
                     f"--model-repository={self.workdir / 'watchdog_repository'}"]
         return cmd + list(self.extra_args)
+
+    def secret_args(self) -> list[str]:
+        """The restricted-API flags (admin secret, required header): placeholders the argv shim
+        fills from the environment when there is one (:attr:`argv_shim`), else the values."""
+        hide = self.argv_shim is not None
+        out = hidden_restricted_args() if hide else restricted_args(self.secret)
+        if self.required_header is not None:
+            out += self.required_header.args(hide=hide)
+        return out
+
+    def server_env(self) -> dict[str, str]:
+        """tritonserver's environment: the stubs' secret and client settings, and the argv shim with
+        the values its placeholders read."""
+        env = {**server_env(), SECRET_ENV: self.secret, INTERNAL_ENV: self.internal_client.to_env()}
+        if self.required_header is not None:
+            env[REQUIRED_HEADER_ENV] = self.required_header.value
+        if self.argv_shim is not None:
+            env["LD_PRELOAD"] = " ".join(p for p in (str(self.argv_shim), env.get("LD_PRELOAD")) if p)
+        return env
+
+    def _pick_argv_shim(self) -> None:
+        self.argv_shim, why = argv_shim()
+        if self.argv_shim is None:
+            self.argv_shim_warning = SHIM_FALLBACK_WARNING.format(why=why)
+            print(f"warning: {self.argv_shim_warning}", file=sys.stderr, flush=True)
 
     def client_target(self):
         """(url, ClientOptions) for a trtspec client of this server from the same host (the OpenAI
@@ -370,6 +399,7 @@ class TritonServer:
         http_host = "127.0.0.1" if self.tls is not None and not is_loopback(self.host) else None
         self.endpoints = Endpoints(self.host, g or free_port(self.host), h or free_port(http_host or self.host),
                                    m or free_port(self.host), http_host=http_host)
+        self._pick_argv_shim()  # secrets off the command line (trtspec.triton.access)
         self.log_path = self.workdir / "tritonserver.log"
         rotate_log(self.log_path)  # the last runs' logs stay (a restart must not erase why it stopped)
         self._log = open(self.log_path, "wb")
@@ -379,9 +409,7 @@ class TritonServer:
             try:
                 # own session/process group: the python stubs are killed with the server
                 self.proc = subprocess.Popen(self.cmd, stdout=self._log, stderr=subprocess.STDOUT,
-                                             env={**server_env(), SECRET_ENV: self.secret,
-                                                  INTERNAL_ENV: self.internal_client.to_env()},
-                                             start_new_session=True, cwd=self.workdir,
+                                             env=self.server_env(), start_new_session=True, cwd=self.workdir,
                                              umask=0o077)  # what the server writes is for this user only
             except OSError as e:
                 self._log.close()
@@ -615,8 +643,11 @@ def server_for_repository(
         watchdog = WatchdogSettings(probe_every_s=None)
     entries = manifest.get("entry_points") or {}
     kwargs.setdefault("entry_points", tuple(v for v in (entries.get("speculative"), entries.get("baseline")) if v))
-    # serving.tritonserver_args: the recipe's passthrough (checked by trtspec.passthrough at load)
-    kwargs.setdefault("extra_args", tuple(serving.get("tritonserver_args") or ()))
+    # serving.tritonserver_args: the recipe's passthrough, checked again here (the repository's
+    # trtspec.json may have been edited since it was rendered): flags that widen exposure only with
+    # serving.unsafe_passthrough (trtspec.passthrough)
+    if "extra_args" not in kwargs:
+        kwargs["extra_args"] = checked_passthrough(serving, f"{repository}/trtspec.json")
     # serving.tls / serving.require_header harden the server (never loosen it): taken from the
     # repository's recipe unless given; the header's value comes from the environment only
     if kwargs.get("tls") is None and serving.get("tls"):
@@ -638,6 +669,21 @@ def server_for_repository(
         watchdog=watchdog,
         **kwargs,
     )
+
+
+def checked_passthrough(serving: dict, source: str) -> tuple[str, ...]:
+    """``serving.tritonserver_args`` of a repository's recipe, refused (ConfigError) when one
+    widens exposure without ``serving.unsafe_passthrough: true`` or is a flag trtspec sets."""
+    args = serving.get("tritonserver_args") or []
+    if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+        raise ConfigError(f"{source}: serving.tritonserver_args", repr(args), "not a list of strings")
+    try:
+        for w in check_tritonserver_args(args, unsafe=serving.get("unsafe_passthrough") is True):
+            print(f"warning: {w}", file=sys.stderr)
+    except ValueError as e:
+        raise ConfigError(f"{source}: serving.tritonserver_args", " ".join(args), str(e),
+                          fix="re-render the repository from a recipe that passes trtspec check") from None
+    return tuple(args)
 
 
 # ------------------------------------------------------------------------------------------

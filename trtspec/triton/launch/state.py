@@ -9,7 +9,8 @@ records decide what gets deleted, so nobody but their user may write them:
   private, else ``<tmp>/trtspec-<uid>``; created 0700, and refused (not used, not "fixed") when it
   is a symlink, belongs to someone else or is open to others: another user who created it first
   must not be able to feed us records;
-* the start lock is opened with ``O_NOFOLLOW`` in that folder;
+* the start lock is opened with ``O_NOFOLLOW`` in that folder, and so is the engine workers' load
+  lock (``trtspec.triton.backend.worker.one_load_at_a_time``: one engine loads at a time per user);
 * a record is a ``<pid>.json`` regular file of this user; one that cannot be read, or names
   anything trtspec does not create (a shared-memory prefix not of the form ``trtspec<pid>x<hex>_``,
   a folder that is not ``/tmp/python_env_XXXXXX``, or is a symlink, or is not this user's), is
@@ -26,11 +27,12 @@ import os
 import pathlib
 import re
 import stat
-import tempfile
 from dataclasses import dataclass
-from typing import Mapping
 
 from trtspec.errors import ServerError
+# the folder itself is made and checked in trtspec.triton.access, where the engine workers (the
+# stub side, which must not import the launcher) find it too: their load lock lives there
+from trtspec.triton.access import _private_dir, _unsafe, state_dir  # noqa: F401 - re-exported
 
 log = logging.getLogger("trtspec.server")
 
@@ -38,50 +40,6 @@ LOCK_NAME = ".start.lock"
 SHM_PREFIX = re.compile(r"^trtspec\d+x[0-9a-f]+_$")
 PYTHON_ENV = re.compile(r"^/tmp/python_env_[A-Za-z0-9_]{6}$")  # mkdtemp("/tmp/python_env_XXXXXX")
 RECORD = re.compile(r"^\d+\.json$")
-
-
-def state_dir(environ: Mapping[str, str] | None = None, tmp: str | None = None) -> pathlib.Path:
-    """This user's private state folder (created 0700); ServerError when it is not safe to use."""
-    env = os.environ if environ is None else environ
-    uid = os.getuid()
-    runtime = env.get("XDG_RUNTIME_DIR")
-    if runtime and _private_dir(pathlib.Path(runtime), uid):
-        d = pathlib.Path(runtime) / "trtspec"
-    else:
-        d = pathlib.Path(tmp or tempfile.gettempdir()) / f"trtspec-{uid}"
-    try:
-        os.mkdir(d, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise ServerError(f"cannot create trtspec's state folder {d}: {e}") from None
-    why = _unsafe(d, uid)
-    if why:
-        raise ServerError(f"trtspec's state folder {d} {why}; refusing to use it (its records decide what "
-                          "trtspec deletes)",
-                          fix="remove it if you did not make it (another user may have), or set XDG_RUNTIME_DIR "
-                              "to a private folder of yours")
-    return d
-
-
-def _private_dir(p: pathlib.Path, uid: int) -> bool:
-    return _unsafe(p, uid) is None
-
-
-def _unsafe(p: pathlib.Path, uid: int) -> str | None:
-    try:
-        st = os.lstat(p)
-    except OSError as e:
-        return f"cannot be read ({e.strerror})"
-    if stat.S_ISLNK(st.st_mode):
-        return "is a symlink"
-    if not stat.S_ISDIR(st.st_mode):
-        return "is not a folder"
-    if st.st_uid != uid:
-        return f"belongs to uid {st.st_uid}, not to you (uid {uid})"
-    if st.st_mode & 0o077:
-        return f"is open to other users (mode {stat.S_IMODE(st.st_mode):o}, want 700)"
-    return None
 
 
 @contextlib.contextmanager
