@@ -31,7 +31,12 @@ no privilege escalation, every capability dropped, seccomp RuntimeDefault, read-
 ``/tmp`` and ``/dev/shm`` as emptyDirs), mount no service-account token, get CPU and memory
 requests and limits by default, pull the image by digest when ``--image-digest`` is given, and
 their liveness probe sends a one-token request through the entry model, so a pod whose python
-stub died (Triton keeps it READY, reference/triton-cpu.md §8) is restarted.
+stub died (Triton keeps it READY, reference/triton-cpu.md §8) is restarted. The admin secret and
+the required header's value reach tritonserver as placeholders that the image's argv shim
+(``LD_PRELOAD``, docker/Dockerfile) fills from the container's environment: they are on no command
+line (an image without the shim fails closed: tritonserver refuses the placeholder). The image keeps
+NVIDIA's ENTRYPOINT; the pods give only ``args``, which replace its CMD
+(tests/unit/test_image_manifest.py).
 
 Why Istio for the split: one VirtualService carries the weights for gRPC and HTTP alike, in-mesh
 clients need no gateway, and its schema can be checked offline (tests/unit/test_scaleout_k8s.py). Without

@@ -23,7 +23,11 @@ loaded at start) and a :class:`~trtspec.triton.launch.watchdog.Watchdog` reloads
 died (docs/reliability.md).
 
 Every launch closes Triton's model-repository, shared-memory, trace and logging APIs behind a
-secret made for it (``trtspec.triton.access``; docs/security.md): :attr:`TritonServer.secret`.
+secret made for it (``trtspec.triton.access``; docs/security.md): :attr:`TritonServer.secret`. The
+secret and the required header's value are on no command line: tritonserver gets placeholders
+that the preloaded argv shim fills from its environment (:meth:`TritonServer.secret_args`; without
+a C compiler, the values, with a warning). ``serving.tritonserver_args`` that widen exposure need
+``serving.unsafe_passthrough`` (checked again here, from the repository's ``trtspec.json``).
 """
 
 from __future__ import annotations
