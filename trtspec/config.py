@@ -550,6 +550,20 @@ class Limits(Strict):
         1_048_576, ge=1, le=2**31 - 1,
         description="text_input longer than this many bytes is refused before it is tokenized",
     )
+    # Per-request bounds, checked by every entry point before it allocates anything (docs/limits.md).
+    max_return_sequences: int = Field(
+        4, ge=1, le=256, description="num_return_sequences (OpenAI: n) per request; each is one engine sequence")
+    max_words: int = Field(32, ge=0, le=4096, description="stop words and bad words per request, each list")
+    max_word_tokens: int = Field(32, ge=1, le=4096, description="token ids in one stop or bad word")
+    max_word_bytes: int = Field(256, ge=1, le=65_536, description="bytes in one stop or bad word string")
+    max_logprobs: int = Field(5, ge=0, le=1024, description="OpenAI logprobs / top_logprobs per token")
+    max_request_key_bytes: int = Field(256, ge=1, le=65_536,
+                                       description="the detokenizer's REQUEST_KEY (a streaming request's id)")
+    max_prompts: int = Field(8, ge=1, le=4096, description="prompts in one OpenAI /v1/completions request")
+    max_body_bytes: int = Field(4 * 1_048_576, ge=1024, le=2**31 - 1,
+                                description="an OpenAI request body; larger bodies are refused unread (HTTP 413)")
+    max_concurrent_requests: int = Field(
+        64, ge=1, le=1_000_000, description="OpenAI requests in flight per trtspec serve process; beyond: HTTP 429")
     tensor_parallel_size: int = Field(1, ge=1, le=64)
     pipeline_parallel_size: int = Field(1, ge=1, le=64)
     draft_tensor_parallel_size: int | None = Field(None, ge=1, le=64)
