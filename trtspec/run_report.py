@@ -15,6 +15,9 @@ from typing import Any
 
 from trtspec.validate.engine_metrics import engine_rows
 
+VALIDATE = "validate"  # the report folder's copy of the validation stage
+
+
 def _f(v: Any, fmt: str = "{:.2f}", none: str = "–") -> str:
     if v is None:
         return none
@@ -38,8 +41,19 @@ def _role_models(repo_manifest: dict | None) -> dict[str, str]:
     return roles
 
 
+def _copy_validation(src: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
+    """Copy the validation stage's own files (report.md/json, server metrics, plots) to ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if src.is_dir():
+        for f in src.iterdir():
+            if f.is_file() and not f.name.startswith("."):
+                shutil.copy2(f, dest / f.name)
+    return dest
+
+
 def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
-    """Write ``out/report.md`` + ``out/report.json`` (+ copies of the validation plots)."""
+    """Write ``out/report.md`` + ``out/report.json`` and a copy of the validation report with its
+    plots in ``out/validate/``; every link in them is relative to ``out``."""
     recipe = pipeline.recipe
     outs = pipeline.outputs
     out.mkdir(parents=True, exist_ok=True)
@@ -133,16 +147,17 @@ def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
                     f"{_f(s.get('output_token_throughput'), '{:.1f}')} | {_f(s['output_tps_per_user'].get('p50'), '{:.1f}')} |")
         lines.append("")
         eq = val_json["equivalence"]
+        # the validation stage's files travel inside the report folder, so that every link below is
+        # relative to it and the folder can be moved or committed as it is
+        val_dir = _copy_validation(pipeline.stage_dir("validate"), out / VALIDATE)
         lines += ["## Output equivalence (greedy, through the server)", "",
                   f"{eq.get('prompts_compared')} prompts; exact match rate {_f(eq.get('exact_match_rate'), '{:.1%}')}, "
-                  f"mismatch rate {_f(eq.get('mismatch_rate'), '{:.1%}')} (tolerance {eq.get('tolerance')}). "
-                  f"Per-prompt first divergences are in [validate/report.md]({pipeline.stage_dir('validate') / 'report.md'}).", ""]
-        plot_dir = pipeline.stage_dir("validate")
+                  f"mismatch rate {_f(eq.get('mismatch_rate'), '{:.1%}')} (tolerance {eq.get('tolerance')})."
+                  + (f" Per-prompt first divergences are in [{VALIDATE}/report.md]({VALIDATE}/report.md)."
+                     if (val_dir / "report.md").is_file() else ""), ""]
         for name, f in (val_json.get("plots") or {}).items():
-            src = plot_dir / f
-            if src.is_file():
-                shutil.copy2(src, out / src.name)
-                lines.append(f"![{name}]({src.name})")
+            if (val_dir / f).is_file():
+                lines.append(f"![{name}]({VALIDATE}/{pathlib.PurePath(f).as_posix()})")
         lines.append("")
 
     # ---- quantization
