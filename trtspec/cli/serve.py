@@ -8,6 +8,7 @@ import sys
 
 import click
 
+from trtspec.openai_api import exposure_warning as openai_exposure_warning
 from trtspec.openai_api import relay_for_repository
 from trtspec.triton.access import RequiredHeader, TlsSettings, exposure_warning
 from trtspec.triton.launch.mpi import planned_launch, with_repository_layout
@@ -130,8 +131,15 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port:
         relay = None
         if openai_port is not None:  # stopped (by the ExitStack) before the server
             url, options = server.client_target()
+            # the OpenAI port is under the deployment's controls too: its TLS (HTTPS, mutual with a CA),
+            # its required header, the recipe's limits (docs/security.md)
             relay = relay_stack.enter_context(relay_for_repository(
-                repo, url, host=e.host, port=openai_port, chat_template=chat_template, client_options=options))
+                repo, url, host=e.host, port=openai_port, chat_template=chat_template, client_options=options,
+                required_header=server.required_header, tls=server.tls))
+            exposed_openai = openai_exposure_warning(e.host, relay.port, tls=server.tls,
+                                                     required_header=server.required_header)
+            if exposed_openai:
+                err.print(f"warning: {exposed_openai}", markup=False, highlight=False, style="yellow")
         if as_json:
             click.echo(json.dumps({**e.to_dict(), **({"openai": relay.url} if relay else {}),
                                    "log": str(server.log_path), "watchdog": server.watchdog is not None}), nl=True)
