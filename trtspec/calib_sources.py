@@ -3,8 +3,9 @@
 One recipe value, five kinds (docs/quantization.md has the table of when to use which):
 
 * ``builtin``: the Python standard-library corpus the tiny CPU pair was trained on (its train
-  split calibrates, its held-out split is evaluated); nothing to download. Right for the tiny
-  recipes only: it is code, so a chat model's FP8 scales would be set on code.
+  split calibrates, its held-out split is evaluated); nothing to download. Right for recipes
+  that serve code (the tiny ones, qwen-coder-cpu): it is code, so a chat deployment's FP8 scales
+  would be set on code (``trtspec check`` warns by the recipe's ``validation.prompts``).
 * a named dataset: ``cnn_dailymail`` (news articles, ModelOpt's and TRT-LLM's default) or
   ``pileval`` (the Pile's validation set, AWQ's usual set), read with ``datasets`` from the
   Hugging Face cache;

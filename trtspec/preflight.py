@@ -18,6 +18,7 @@ from trtspec.config import Eagle, Eagle3, Medusa, Recipe, quantized_kernels_for
 from trtspec.speculative.kernels import cpu_flags
 from trtspec.versions import engine_flow_supported
 from trtspec.hub import check_lines, is_hub_id
+from trtspec.model_makers import elsewhere_fix, missing_model_fix
 from trtspec.recipe_checks import calibration_lines, passthrough_lines
 
 Status = Literal["ok", "warn", "fail", "skip", "info"]
@@ -274,10 +275,13 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
             continue  # reported above (hub:...)
         if info is None:
             if local:
+                # the fix names the command that makes this folder (an EAGLE-3 head: trained for the target)
+                head_for = recipe.target.model if role == "head" and isinstance(spec, Eagle3) else None
                 report.add(f"model:{role}", "fail", f"{role} checkpoint not found or has no config.json: {spec_m.model}",
-                           fix="run `trtspec models tiny` (tiny recipes) or fix the path (relative paths resolve against the recipe's folder)")
+                           fix=missing_model_fix(spec_m.model, head_for=head_for, target_missing=target is None))
             else:
-                report.add(f"model:{role}", "skip", f"{spec_m.model} is not on this machine; model checks run where the build runs")
+                report.add(f"model:{role}", "skip", f"{spec_m.model} is not on this machine; model checks run where the build runs",
+                           fix=elsewhere_fix(spec_m.model))
         else:
             report.add(f"model:{role}", "ok", f"{info.folder} ({(info.config.get('architectures') or ['?'])[0]}, vocab {info.config.get('vocab_size')})")
 

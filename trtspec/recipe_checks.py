@@ -6,17 +6,12 @@ serving.tritonserver_args) with their warnings. Pure data in, (name, status, det
 
 from __future__ import annotations
 
-import json
-import pathlib
-import re
 from dataclasses import dataclass
 
 from trtspec import calib_sources
 from trtspec.config import ModelSpec, Recipe
 from trtspec.errors import ConfigError
 from trtspec.passthrough import recipe_warnings
-
-_CHAT_NAME = re.compile(r"(instruct|chat|vicuna|-it\b|assistant)", re.IGNORECASE)
 
 
 @dataclass(frozen=True)
@@ -36,15 +31,17 @@ def _models(recipe: Recipe) -> list[tuple[str, str, ModelSpec]]:
     return out
 
 
-def is_chat_model(recipe: Recipe, spec: ModelSpec) -> bool:
-    """A chat model by its name, its tokenizer's chat template, or the recipe's chat prompts."""
-    if recipe.validation.prompts in ("builtin:chat", "builtin:mixed") or _CHAT_NAME.search(spec.model):
-        return True
-    cfg = pathlib.Path(spec.tokenizer or spec.model) / "tokenizer_config.json"
-    try:
-        return "chat_template" in json.loads(cfg.read_text())
-    except (OSError, ValueError):
-        return False
+# builtin calibration text is Python source; what the recipe says its traffic is, by its own
+# validation prompts (a prompt file: the recipe's own data, of a kind not named here)
+TRAFFIC = {"builtin:code": "code", "builtin:stdlib": "code", "builtin:chat": "chat", "builtin:mixed": "code and chat"}
+
+
+def declared_traffic(recipe: Recipe) -> str | None:
+    """The kind of text the recipe says it serves (``validation.prompts``), or None for a file.
+
+    The calibration warning is decided by this, not by the model's name or its chat template: a
+    code model calibrated on code (qwen-coder-cpu) is right whatever its name says."""
+    return TRAFFIC.get(recipe.validation.prompts)
 
 
 def _quality_line(recipe: Recipe, src: calib_sources.Source) -> str:
@@ -60,7 +57,8 @@ def _quality_line(recipe: Recipe, src: calib_sources.Source) -> str:
 
 def calibration_lines(recipe: Recipe) -> list[Line]:
     """One line per quantized model: source, sizes, what the quality report measures; a
-    warning when a chat model calibrates on builtin (Python code)."""
+    warning when a recipe that says it serves chat (validation.prompts) calibrates on builtin
+    (Python code)."""
     lines: list[Line] = []
     local = recipe.runtime.backend == "torch"
     for role, field, spec in _models(recipe):
@@ -99,13 +97,18 @@ def calibration_lines(recipe: Recipe) -> list[Line]:
                 lines.append(Line(name, "fail", f"{dfield.rsplit('.', 1)[0]}.{e.field.rsplit('.', 1)[-1]}="
                                                 f"{e.value!r}: {e.problem}", e.fix))
                 continue
-        if src.kind == "builtin" and is_chat_model(recipe, spec):
-            lines.append(Line(name, "warn", f"{spec.model} is a chat model but calibrates on builtin, Python source "
-                                            f"code: its scales would be set on code and its quality report would "
+        traffic = declared_traffic(recipe)
+        if src.kind == "builtin" and traffic not in (None, "code"):
+            lines.append(Line(name, "warn", f"the recipe serves {traffic} (validation.prompts: "
+                                            f"{recipe.validation.prompts}) but the {role} calibrates on builtin, Python "
+                                            f"source code: its scales would be set on code and its quality report would "
                                             f"measure code. {detail}",
                               fix=f"set {dfield}: cnn_dailymail (news, ModelOpt's default) or your own chat traffic "
-                                  "(a .jsonl, a saved dataset folder, or org/name with split/column)"))
+                                  "(a .jsonl, a saved dataset folder, or org/name with split/column); or, if the "
+                                  "traffic is code, validation.prompts: builtin:code"))
             continue
+        if src.kind == "builtin" and traffic == "code":
+            detail += f"; builtin is code, as the recipe's traffic is (validation.prompts: {recipe.validation.prompts})"
         lines.append(Line(name, "ok", detail))
     return lines
 

@@ -15,7 +15,7 @@ header and small ``limits:``. Against it, from outside the process, with real cl
   ``trtspec_requests_cancelled_total``), and the first failed choice cancels the others;
 * no server path in an error;
 * a Schemathesis run against ``/openapi.json``: no 5xx, every response as documented, and the
-  server keeps serving. ``TRTSPEC_FUZZ_EXAMPLES=N`` runs up to N examples per operation (default 12).
+  server keeps serving. ``TRTSPEC_FUZZ_EXAMPLES=N`` runs up to N examples per operation (default 8).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.skipif(shutil.which("openssl") is None, reason="needs t
 
 HEADER = "x-gw"
 VALUE = "gw-secret-" + "v" * 22
-FUZZ_EXAMPLES = int(os.environ.get("TRTSPEC_FUZZ_EXAMPLES", "12"))
+FUZZ_EXAMPLES = int(os.environ.get("TRTSPEC_FUZZ_EXAMPLES", "8"))
 LIMITS = {"max_batch_size": 8, "max_input_len": 96, "max_seq_len": 512, "max_prompts": 2,
           "max_return_sequences": 2, "max_words": 3, "max_word_bytes": 16, "max_logprobs": 2,
           "max_body_bytes": 16384, "max_concurrent_requests": 2}
@@ -299,11 +299,13 @@ def test_a_body_over_the_limit_is_refused_before_it_is_sent(served, pki, http):
 # cancellation
 
 
-def test_a_client_that_disconnects_cancels_its_upstream_requests(served, pki, http):
-    """Not streamed, n=2: the client hangs up while the engine generates; both gRPC requests are
-    cancelled (the engine counts them) instead of running to max_tokens."""
+@pytest.mark.parametrize("stream", [False, True], ids=["unstreamed", "streamed"])
+def test_a_client_that_disconnects_cancels_its_upstream_requests(served, pki, http, stream):
+    """n=2: the client hangs up while the engine generates; both gRPC requests are cancelled (the
+    engine counts them) instead of running to max_tokens."""
     before = cancelled_total(served)
-    s = open_request(served, pki, json.dumps(completion(max_tokens=LONG, n=2, temperature=1.0, seed=1)).encode())
+    body = completion(max_tokens=LONG, n=2, temperature=1.0, seed=1, stream=stream)
+    s = open_request(served, pki, json.dumps(body).encode())
     time.sleep(0.15)  # the choices are generating
     s.close()
     t0 = time.monotonic()

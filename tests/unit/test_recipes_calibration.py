@@ -277,15 +277,20 @@ def test_check_prints_source_sizes_and_what_the_quality_report_measures_for_ever
         assert "held-out rows of the same source" in ln.detail and "perplexity" in ln.detail
 
 
-def test_a_chat_model_calibrating_on_builtin_is_warned_with_the_fix():
+def test_a_recipe_serving_chat_but_calibrating_on_builtin_is_warned_with_the_fix():
+    """Decided by what the recipe says it serves (validation.prompts), never by the model's name."""
     d = copy.deepcopy(ENGINE)
-    d["target"]["model"] = "/m/Llama-3.1-8B-Instruct"
+    d["target"]["model"] = "/m/codegen-base"  # no "chat" in the name: the recipe's prompts decide
     d["target"]["quantization"]["calibration"] = {"dataset": "builtin", "size": 512, "seq_len": 512}
+    d.setdefault("validation", {})["prompts"] = "builtin:chat"
     ln = _lines(parse_recipe(d))["calibration:target"]
-    assert ln.status == "warn" and "chat model" in ln.detail and "Python source code" in ln.detail
+    assert ln.status == "warn" and "serves chat (validation.prompts: builtin:chat)" in ln.detail
+    assert "Python source code" in ln.detail
     assert "target.quantization.calibration.dataset: cnn_dailymail" in ln.fix
-    d["target"]["model"] = "/m/codegen-base"  # not a chat model: builtin is fine
-    assert _lines(parse_recipe(d))["calibration:target"].status == "ok"
+    d["target"]["model"] = "/m/Qwen2.5-Coder-1.5B-Instruct"  # an instruct model serving code: builtin is right
+    d["validation"]["prompts"] = "builtin:code"
+    ln = _lines(parse_recipe(d))["calibration:target"]
+    assert ln.status == "ok" and "as the recipe's traffic is (validation.prompts: builtin:code)" in ln.detail
 
 
 def test_check_fails_a_local_source_with_a_missing_column(saved_dataset):

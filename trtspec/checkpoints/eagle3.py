@@ -32,6 +32,7 @@ import torch
 
 from trtspec.errors import ModelError
 from trtspec.manifest import atomic_dir, hash_folder, hash_json, maybe_manifest, write_manifest
+from trtspec.model_makers import missing_model_fix
 from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig, default_aux_layers, load_eagle3_head, save_head
 from trtspec.speculative.model import CausalLM, count_params, load_causal_lm, read_hf_config
 from trtspec.checkpoints.tiny import encode_corpus
@@ -313,7 +314,7 @@ def make_eagle3_head(
     tdir, out = pathlib.Path(target_dir), pathlib.Path(out_dir)
     if not (tdir / "config.json").is_file():
         raise ModelError(f"target model folder not found or has no config.json: {tdir}",
-                         fix="make the tiny pair first: trtspec models tiny")
+                         fix=missing_model_fix(str(tdir)))
     target_id = hash_folder(tdir)
     key = settings.key(target_id)
     have = maybe_manifest(out)

@@ -29,6 +29,7 @@ import zipfile
 from dataclasses import dataclass, field
 from typing import Callable
 
+from trtspec import model_makers
 from trtspec.errors import CommandError, ModelError
 from trtspec.manifest import atomic_dir, hash_json, maybe_manifest, write_manifest
 from trtspec.speculative.model import ModelArgs, read_hf_config
@@ -59,7 +60,7 @@ class GgufSource:
 
 
 QWEN_TARGET = GgufSource(
-    folder="qwen2.5-coder-1.5b-instruct",
+    folder=model_makers.QWEN_TARGET,
     role="target",
     upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
@@ -69,7 +70,7 @@ QWEN_TARGET = GgufSource(
     quantization="Q4_K_M",
 )
 QWEN_DRAFT = GgufSource(
-    folder="qwen2.5-coder-0.5b-instruct",
+    folder=model_makers.QWEN_DRAFT,
     role="draft",
     upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     gguf_file="qwen2.5-coder-0.5b-instruct-q4.gguf",

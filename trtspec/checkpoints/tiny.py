@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 from trtspec.corpus import corpus_split
 from trtspec.manifest import atomic_dir, hash_json, maybe_manifest, write_manifest
+from trtspec.model_makers import TINY_DRAFT, TINY_TARGET
 from trtspec.speculative.model import CausalLM, ModelArgs, count_params
 
 EOS = "<|endoftext|>"
@@ -307,7 +308,7 @@ def make_tiny_models(
 ) -> TinyResult:
     """Train (or reuse) ``out_dir/tiny-target`` and ``out_dir/tiny-draft``."""
     out = pathlib.Path(out_dir)
-    tdir, ddir = out / "tiny-target", out / "tiny-draft"
+    tdir, ddir = out / TINY_TARGET, out / TINY_DRAFT
     settings = settings.resolved()
     key = settings.key()
     mt, md = maybe_manifest(tdir), maybe_manifest(ddir)

@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from trtspec.errors import ModelError
+from trtspec.model_makers import missing_model_fix
 from trtspec.speculative.kernels import op, wo_cpu
 
 SUPPORTED_ARCHS = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "llama"}
@@ -814,7 +815,7 @@ def load_causal_lm(
 
     folder = pathlib.Path(folder)
     if not folder.is_dir():
-        raise ModelError(f"model folder not found: {folder}", fix="check the path (trtspec models tiny makes models/)")
+        raise ModelError(f"model folder not found: {folder}", fix=missing_model_fix(str(folder)))
     args = ModelArgs.from_hf_config(read_hf_config(folder), where=str(folder / "config.json"))
     files = sorted(folder.glob("*.safetensors"))
     if not files:
