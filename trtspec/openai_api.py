@@ -866,7 +866,7 @@ class OpenAIRelay:
             return await self._stream(request, req, rid, jobs, extra)
         tasks = [asyncio.create_task(self._run_choice(req, idx, prompt, k, extra, None)) for idx, prompt, k in jobs]
         try:  # the first error cancels the other choices; so does the client going away (handler cancelled)
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             failed = next((t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None)
             if failed is not None:
                 raise failed.exception()
