@@ -19,7 +19,7 @@ from trtspec.speculative.kernels import cpu_flags
 from trtspec.versions import engine_flow_supported
 from trtspec.hub import check_lines, is_hub_id
 from trtspec.model_makers import elsewhere_fix, missing_model_fix
-from trtspec.recipe_checks import calibration_lines, passthrough_lines
+from trtspec.recipe_checks import calibration_lines, passthrough_lines, trtllm_name_lines
 
 Status = Literal["ok", "warn", "fail", "skip", "info"]
 
@@ -305,7 +305,7 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
 
     check_quantization(recipe, report)
 
-    for line in calibration_lines(recipe) + passthrough_lines(recipe):
+    for line in calibration_lines(recipe) + passthrough_lines(recipe) + trtllm_name_lines(recipe):
         report.add(line.name, line.status, line.detail, line.fix)
 
     if recipe.runtime.backend == "torch" and recipe.runtime.device == "cuda":

@@ -1,7 +1,9 @@
 """``trtspec check`` lines for what a recipe hands to ModelOpt, TRT-LLM and Triton: where each
 quantized model's calibration text comes from, how big it is, what the quality report will
-measure; and the passthroughs (runtime.trtllm.llm_api_options, build_args,
-serving.tritonserver_args) with their warnings. Pure data in, (name, status, detail, fix) out.
+measure; the passthroughs (runtime.trtllm.llm_api_options, build_args,
+serving.tritonserver_args) with their warnings; which TRT-LLM LLM-API names could not be confirmed
+against the pinned release, and whether the launch mode keeps fast draft logits. Pure data in,
+(name, status, detail, fix) out.
 """
 
 from __future__ import annotations
@@ -125,4 +127,57 @@ def passthrough_lines(recipe: Recipe) -> list[Line]:
     if not warnings:
         lines.append(Line("passthrough", "ok", "; ".join(f"{f}: {v}" for f, v in given)
                           + " (names known; owned keys refused at load)"))
+    return lines
+
+
+def trtllm_name_lines(recipe: Recipe) -> list[Line]:
+    """``trtllm-names``: the LLM-API names the PyTorch flow's YAML writes that could not be
+    confirmed against runtime.trtllm.version (accepted_names.LLM_API_NAMES: TRT-LLM 1.2.1's own
+    llm_args.py was not readable, so a name counts as confirmed when the 1.1/1.2.0rc-era and the
+    pre-1.3 copies both accept it). ``fast-logits``: an engine-flow draft-target recipe with
+    use_draft_logits whose launch mode leaves speculative_decoding_fast_logits off."""
+    from trtspec.trtllm import accepted_names as A
+
+    lines: list[Line] = []
+    t = recipe.runtime.trtllm
+    if recipe.runtime.backend == "trtllm-pytorch":
+        from trtspec.trtllm import llmapi
+
+        try:
+            opts = llmapi.llm_api_options(recipe, model="<target>", speculative_model="<draft>")
+        except ValueError:
+            opts = None  # a method the PyTorch flow does not run: the build says so
+        if opts is not None:
+            written = llmapi.triton_model_yaml(opts, decoupled=False)
+            unconfirmed = A.unconfirmed_llm_api_names(written)
+            if unconfirmed:
+                lines.append(Line(
+                    "trtllm-names", "warn",
+                    f"not confirmed against TensorRT-LLM {t.version} (its llm_args.py was not readable; "
+                    f"the two copies read disagree): " + "; ".join(unconfirmed),
+                    fix="if TensorRT-LLM refuses the name at load (\"Invalid decoding type\" / \"Input tag ... does "
+                        "not match\"), write the other copy's spelling into OUT/llmapi/*.yaml "
+                        "(docs/trtllm.md, 'LLM-API names')"))
+            else:
+                lines.append(Line(
+                    "trtllm-names", "ok",
+                    f"{len(A._yaml_names(written))} LLM-API names, each accepted by both the 1.1/1.2.0rc-era and the "
+                    f"pre-1.3 llm_args.py (TensorRT-LLM {t.version}'s own copy was not readable)"))
+    s = recipe.speculation
+    if recipe.runtime.backend == "trtllm-engine" and s.method == "draft_target" and getattr(s, "use_draft_logits", False):
+        mode = t.launch_mode
+        if mode in ("auto", "orchestrator_prespawn"):
+            lines.append(Line(
+                "fast-logits", "ok",
+                f"launch_mode {mode}: orchestrator with process spawning off, so the repository's "
+                "speculative_decoding_fast_logits=1 holds when `trtspec serve` starts it (TRTLLM_ORCHESTRATOR=1, "
+                "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES=0, every rank under mpirun); started any other way, the "
+                "tensorrtllm backend turns fast logits off with only a warning in the server log"))
+        else:
+            lines.append(Line(
+                "fast-logits", "warn",
+                f"speculation.use_draft_logits with launch_mode {mode}: speculative_decoding_fast_logits needs "
+                "orchestrator mode with process spawning off, so the repository is written without it (the tensorrtllm "
+                "backend would turn it off, with only a warning in the server log) and draft logits take the slow path",
+                fix="set runtime.trtllm.launch_mode: orchestrator_prespawn (or auto)"))
     return lines

@@ -100,7 +100,7 @@ def test_build_plan_uses_the_snapshot_folder_and_keeps_an_uncached_id_with_a_not
     snap = str(hub_cache / "models--org--big-chat" / "snapshots" / COMMIT)
     quant = list(plan.stages[0].commands[0])
     assert quant[quant.index("--model") + 1] == snap
-    assert plan.handoff.llm_api["speculative_config"]["speculative_model"] == "org/uncached"
+    assert plan.handoff.llm_api["speculative_config"]["speculative_model_dir"] == "org/uncached"
     assert any("speculation.draft.model: org/uncached is not in the Hugging Face cache" in n for n in plan.notes)
     assert "hf_secret_never_written" not in json.dumps(plan.to_dict())
     with pytest.raises(ConfigError, match="org/uncached"):  # a real build must resolve it: offline it cannot

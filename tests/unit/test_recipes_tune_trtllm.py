@@ -53,8 +53,8 @@ def test_plan_for_the_eagle3_recipe_matches_golden_and_uses_only_trtllm_bench_fl
         if r.k == 0:
             assert sc is None and "disable_overlap_scheduler" not in opts
         else:
-            assert sc["decoding_type"] == "Eagle3" and sc["max_draft_len"] == r.k
-            assert sc["speculative_model"] == "/workspace/models/EAGLE3-LLaMA3.1-Instruct-8B"
+            assert sc["decoding_type"] == "Eagle" and sc["max_draft_len"] == r.k
+            assert sc["speculative_model_dir"] == "/workspace/models/EAGLE3-LLaMA3.1-Instruct-8B"
     # the quantized export the build writes, with the deployment's KV-cache share
     assert plan.runs[0].argv[plan.runs[0].argv.index("--model_path") + 1] == "/build/r/target-quant"
     rows = [json.loads(x) for x in plan.files["/build/r/tune/dataset.jsonl"].splitlines()]

@@ -272,7 +272,7 @@ def test_pytorch_flow_build_quantizes_then_writes_the_llm_api_yaml(fake, tmp_pat
     (call,) = calls()
     assert call[:2] == ["trtspec", "quantize"] and call[call.index("--export") + 1] == "hf"
     spec = yaml.safe_load((out / "llmapi" / "extra_llm_api_options.yaml").read_text())
-    assert spec["speculative_config"]["speculative_model"] == str(models / "head")
+    assert spec["speculative_config"]["speculative_model_dir"] == str(models / "head")
     h = TrtllmBuild.from_build_dir(out)
     assert h.llm_api["model"] == str(out / "target-quant")
     assert h.triton_model_yaml(decoupled=True)["triton_config"] == {"max_batch_size": 0, "decoupled": True}

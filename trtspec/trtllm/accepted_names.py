@@ -4,8 +4,9 @@ Data, not logic. Every plan trtspec generates is checked against it (``check_arg
 ``check_llm_api``), in the golden tests and again before a real build runs. Each entry names
 the upstream file it was read from (NVIDIA/TensorRT-LLM unless said otherwise) and the commit of
 the copy that was read. The 1.2.1 tag itself was not in the source index; these are 1.x copies
-of the same files (the engine-flow scripts did not change their flags within 1.x, and every name
-used here also appears in the 1.2-era docs and NVIDIA's 1.2 playbooks).
+of the same files (the engine-flow scripts did not change their flags within 1.x). The LLM-API
+names are held against two copies of llm_args.py that bracket 1.2.1 (LLM_API_NAMES): trtspec
+writes the spellings both accept, and reports the rest (``unconfirmed_llm_api_names``).
 
 Flag spec: ``FLAG`` → ``None`` for a store-true switch (takes no value), ``VALUE`` for any single
 value, or a tuple of the allowed values (argparse ``choices``).
@@ -255,11 +256,137 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
 
 
 # --------------------------------------------------------------------------------------------
-# LLM-API keys: tensorrt_llm/llmapi/llm_args.py (1.2-era copy: Eagle3DecodingConfig, PARD and AUTO
-# present, DFlash/SA not yet), TorchLlmArgs/BaseLlmArgs are pydantic models with extra="forbid",
-# so an unknown key is an error at load time.
+# LLM-API keys: tensorrt_llm/llmapi/llm_args.py. TorchLlmArgs/BaseLlmArgs are pydantic models with
+# extra="forbid", so an unknown key is an error at load time.
+#
+# Which copy is TRT-LLM 1.2.1's could not be read: the source index holds thousands of versions of
+# llm_args.py, none at a release/1.2.1 commit (the tensorrtllm_backend submodule commits of
+# v1.2.0rc4 … release/1.2.1 were each tried), and the index gives no commit for a copy found by its
+# text. Two copies that bracket 1.2.1 were read instead (issue 32):
+#
+# - LLM_ARGS_OLDER: the 1.1/1.2.0rc-era copy. DecodingBaseConfig(StrictBaseModel) has
+#   ``speculative_model_dir`` only; ``DecodingBaseConfig.from_dict`` dispatches on the keys MTP,
+#   Medusa, Eagle, Lookahead, NGram, DraftTarget, SaveState, UserProvided, AUTO and raises
+#   "Invalid decoding type" for anything else (no Eagle3); ``update_llm_args_with_extra_dict`` sends
+#   a YAML ``speculative_config`` through ``from_dict``.
+# - LLM_ARGS_NEWER: a pre-1.3 copy (MTPDecodingConfig warns the flag "will do nothing in release
+#   1.3"). ``SpeculativeConfig`` is a pydantic union with ``discriminator="decoding_type"``: the
+#   literals are Draft_Target, Eagle, Eagle3, Lookahead, Medusa, MTP, NGram, User_Provided,
+#   SaveState, PARD, AUTO ("DraftTarget" is refused); ``speculative_model`` takes the alias
+#   ``speculative_model_dir`` (AliasChoices); TorchLlmArgs turns ``Eagle`` into Eagle3DecodingConfig
+#   on the PyTorch backend, with a warning.
+#
+# trtspec writes the spelling both copies accept wherever one exists (``speculative_model_dir``,
+# ``decoding_type: Eagle`` + ``eagle3_one_model`` for EAGLE-3). Draft-target has none: the older
+# copy knows only "DraftTarget", the newer only "Draft_Target". trtspec writes the newer copy's
+# "Draft_Target" (the copy nearer 1.2.1, and the spelling of NVIDIA's Triton tutorial) and
+# ``trtspec check`` says it is unconfirmed. LLM_API_NAMES below lists every name the YAML writes,
+# where each copy defines it (class.field; "char N" is the position in that copy's text), and
+# whether both copies accept it. tests/golden/trtllm/SOURCES.md says the same for the goldens.
 
-LLM_ARGS_SOURCE = "tensorrt_llm/llmapi/llm_args.py (BaseLlmArgs, TorchLlmArgs, KvCacheConfig, *DecodingConfig)"
+
+@dataclass(frozen=True)
+class SourceCopy:
+    """One stored copy of an upstream file that names were read from."""
+
+    path: str
+    commit: str | None  # None: the source index gave no commit for this copy
+    index_id: str  # the source index's id of the copy (read_file id=...)
+    chars: int
+    marks: str  # what dates it
+
+    def cite(self) -> str:
+        at = f"@{self.commit[:12]}" if self.commit else f"(index copy {self.index_id}, {self.chars} chars, commit not given)"
+        return f"{self.path} {at}"
+
+
+LLM_ARGS_PATH = "tensorrt_llm/llmapi/llm_args.py"
+LLM_ARGS_OLDER = SourceCopy(
+    LLM_ARGS_PATH, None, "1090804222", 121745,
+    "1.1/1.2.0rc era: StrictBaseModel DecodingBaseConfig with speculative_model_dir; from_dict keys "
+    "MTP/Medusa/Eagle/Lookahead/NGram/DraftTarget/SaveState/UserProvided/AUTO; no Eagle3")
+LLM_ARGS_NEWER = SourceCopy(
+    LLM_ARGS_PATH, None, "7019226376", 139423,
+    "pre-1.3: discriminated SpeculativeConfig union (Eagle3DecodingConfig, PARD, AUTO; no DFlash/SA); "
+    "speculative_model with AliasChoices(speculative_model, speculative_model_dir); MTP warns of release 1.3")
+# The oldest copy the index names a commit for (0.2x: DecodingBaseConfig(BaseModel) with
+# ``speculative_model``, from_dict key "DraftTarget"): the field was renamed to
+# speculative_model_dir in between, and back (with the alias) in the newer copy.
+LLM_ARGS_OLDEST = SourceCopy(
+    LLM_ARGS_PATH, "fcd3f31682808ae56118ae43c1d7864a3a945e6f", "292162234", 83880,
+    "0.2x: DecodingBaseConfig(BaseModel) with speculative_model; from_dict key DraftTarget")
+LLM_ARGS_SOURCE = f"{LLM_ARGS_PATH} (BaseLlmArgs, TorchLlmArgs, KvCacheConfig, *DecodingConfig)"
+
+
+@dataclass(frozen=True)
+class NameCheck:
+    """One name trtspec's LLM-API YAML writes, and where each bracketing copy of llm_args.py
+    defines it ("" = that copy refuses it)."""
+
+    name: str  # dotted path in the YAML; decoding_type values as "speculative_config.decoding_type=VALUE"
+    older: str
+    newer: str
+    note: str = ""
+
+    @property
+    def confirmed(self) -> bool:
+        """Both copies accept it, so it loads whichever of them 1.2.1's llm_args.py matches."""
+        return bool(self.older and self.newer)
+
+
+_D = "speculative_config."
+LLM_API_NAMES: tuple[NameCheck, ...] = (
+    NameCheck("model", "BaseLlmArgs.model", "BaseLlmArgs.model"),
+    NameCheck("tokenizer", "BaseLlmArgs.tokenizer", "BaseLlmArgs.tokenizer"),
+    NameCheck("backend", "BaseLlmArgs.backend", "BaseLlmArgs.backend; TorchLlmArgs.backend Literal['pytorch']"),
+    NameCheck("tensor_parallel_size", "BaseLlmArgs.tensor_parallel_size", "BaseLlmArgs.tensor_parallel_size"),
+    NameCheck("pipeline_parallel_size", "BaseLlmArgs.pipeline_parallel_size", "BaseLlmArgs.pipeline_parallel_size"),
+    NameCheck("max_batch_size", "BaseLlmArgs.max_batch_size", "BaseLlmArgs.max_batch_size"),
+    NameCheck("max_input_len", "BaseLlmArgs.max_input_len", "BaseLlmArgs.max_input_len"),
+    NameCheck("max_seq_len", "BaseLlmArgs.max_seq_len", "BaseLlmArgs.max_seq_len"),
+    NameCheck("max_num_tokens", "BaseLlmArgs.max_num_tokens", "BaseLlmArgs.max_num_tokens"),
+    NameCheck("kv_cache_config", "BaseLlmArgs.kv_cache_config", "BaseLlmArgs.kv_cache_config"),
+    NameCheck("kv_cache_config.free_gpu_memory_fraction", "KvCacheConfig.free_gpu_memory_fraction (char 48373)",
+              "KvCacheConfig.free_gpu_memory_fraction (char 72332)"),
+    NameCheck("kv_cache_config.enable_block_reuse", "KvCacheConfig.enable_block_reuse",
+              "KvCacheConfig.enable_block_reuse"),
+    NameCheck("disable_overlap_scheduler", "TorchLlmArgs.disable_overlap_scheduler (char 97061)",
+              "TorchLlmArgs.disable_overlap_scheduler"),
+    NameCheck("speculative_config", "BaseLlmArgs.speculative_config (char 62888); YAML via DecodingBaseConfig.from_dict",
+              "BaseLlmArgs.speculative_config: SpeculativeConfig (discriminator decoding_type)"),
+    NameCheck(_D + "decoding_type=Eagle", "DecodingBaseConfig.from_dict key 'Eagle' (char 17839) -> EagleDecodingConfig (EAGLE-3 on PyTorch: "
+              "spec_dec_mode EAGLE3 / EAGLE3_ONE_MODEL)", "EagleDecodingConfig Literal['Eagle'], made "
+              "Eagle3DecodingConfig by TorchLlmArgs.validate_speculative_config (with a warning)",
+              "EAGLE-3; 'Eagle3' is refused by the older copy (\"Invalid decoding type\")"),
+    NameCheck(_D + "decoding_type=Draft_Target", "", "DraftTargetDecodingConfig Literal['Draft_Target'] (char 47366); SpeculativeConfig union (char 70485)",
+              "the older copy's from_dict key is 'DraftTarget' (its ClassVar reads 'Draft_Target' but is not "
+              "looked up); the newer copy refuses 'DraftTarget'"),
+    NameCheck(_D + "decoding_type=NGram", "from_dict key 'NGram'", "NGramDecodingConfig Literal['NGram']"),
+    NameCheck(_D + "decoding_type=MTP", "from_dict key 'MTP'", "MTPDecodingConfig Literal['MTP']"),
+    NameCheck(_D + "max_draft_len", "DecodingBaseConfig.max_draft_len", "DecodingBaseConfig.max_draft_len"),
+    NameCheck(_D + "speculative_model_dir", "DecodingBaseConfig.speculative_model_dir",
+              "DecodingBaseConfig.speculative_model, validation_alias AliasChoices('speculative_model', "
+              "'speculative_model_dir')", "'speculative_model' is refused by the older copy"),
+    NameCheck(_D + "max_concurrency", "DecodingBaseConfig.max_concurrency", "DecodingBaseConfig.max_concurrency"),
+    NameCheck(_D + "max_total_draft_tokens", "DecodingBaseConfig.max_total_draft_tokens",
+              "DecodingBaseConfig.max_total_draft_tokens"),
+    NameCheck(_D + "eagle3_one_model", "EagleDecodingConfig.eagle3_one_model", "EagleDecodingConfig.eagle3_one_model"),
+    NameCheck(_D + "use_dynamic_tree", "EagleDecodingConfig.use_dynamic_tree", "EagleDecodingConfig.use_dynamic_tree"),
+    NameCheck(_D + "dynamic_tree_max_topK", "EagleDecodingConfig.dynamic_tree_max_topK",
+              "EagleDecodingConfig.dynamic_tree_max_topK"),
+    NameCheck(_D + "max_matching_ngram_size", "NGramDecodingConfig.max_matching_ngram_size",
+              "NGramDecodingConfig.max_matching_ngram_size"),
+    NameCheck(_D + "num_nextn_predict_layers", "MTPDecodingConfig.num_nextn_predict_layers",
+              "MTPDecodingConfig.num_nextn_predict_layers"),
+    NameCheck(_D + "use_relaxed_acceptance_for_thinking", "MTPDecodingConfig.use_relaxed_acceptance_for_thinking",
+              "MTPDecodingConfig.use_relaxed_acceptance_for_thinking"),
+)
+LLM_API_NAME_INDEX = {n.name: n for n in LLM_API_NAMES}
+
+# The decoding_type trtspec writes for each recipe method (PyTorch flow).
+DECODING_TYPE_FOR_METHOD = {"eagle3": "Eagle", "draft_target": "Draft_Target", "ngram": "NGram", "mtp": "MTP"}
+# The draft / head folder key of speculative_config.
+SPECULATIVE_MODEL_KEY = "speculative_model_dir"
 
 LLM_ARGS_KEYS = frozenset({
     "model", "tokenizer", "backend", "trust_remote_code", "dtype",
@@ -294,23 +421,24 @@ KV_CACHE_CONFIG_KEYS = frozenset({
     "enable_partial_reuse", "copy_on_partial_reuse", "dtype", "tokens_per_block", "max_attention_window",
 })
 
-# DecodingBaseConfig fields (speculative_model also read as speculative_model_dir)
+# DecodingBaseConfig fields both copies define (the head/draft folder as speculative_model_dir,
+# which both accept; the newer copy's speculative_model and draft_len_schedule are left out).
 _DECODING_BASE = frozenset({
-    "decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model", "max_concurrency",
-    "draft_len_schedule", "load_format", "acceptance_window", "acceptance_length_threshold",
+    "decoding_type", "max_draft_len", "max_total_draft_tokens", "speculative_model_dir", "max_concurrency",
+    "load_format", "acceptance_window", "acceptance_length_threshold",
 })
 _EAGLE = _DECODING_BASE | {
     "eagle_choices", "greedy_sampling", "posterior_threshold", "use_dynamic_tree", "dynamic_tree_max_topK",
     "num_eagle_layers", "max_non_leaves_per_layer", "eagle3_one_model", "eagle3_layers_to_capture",
-    "eagle3_model_arch",
 }
 
-# decoding_type → keys of its config class. "DraftTarget" is the spelling the docs and NVIDIA's
-# 1.2.0rc6/1.3 playbooks use in YAML (llm_args.py's literal is "Draft_Target").
+# decoding_type → keys of its config class. Only spellings at least one bracketing copy accepts;
+# those not in both are reported by unconfirmed_llm_api_names (see LLM_API_NAMES).
 SPECULATIVE_CONFIG_KEYS: dict[str, frozenset] = {
-    "Eagle3": frozenset(_EAGLE),
     "Eagle": frozenset(_EAGLE),
-    "DraftTarget": _DECODING_BASE,
+    "Eagle3": frozenset(_EAGLE),  # newer copy only
+    "Draft_Target": _DECODING_BASE,  # newer copy only; the older copy's key is "DraftTarget"
+    "DraftTarget": _DECODING_BASE,  # older copy only
     "NGram": _DECODING_BASE | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
     "MTP": _DECODING_BASE | {
         "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta",
@@ -319,9 +447,15 @@ SPECULATIVE_CONFIG_KEYS: dict[str, frozenset] = {
     "Medusa": _DECODING_BASE | {"medusa_choices", "num_medusa_heads"},
     "Lookahead": _DECODING_BASE | {"max_window_size", "max_ngram_size", "max_verification_set_size"},
 }
+# decoding_type spellings only one bracketing copy accepts, and what the other one takes instead
+ONE_COPY_DECODING_TYPES = {
+    "Eagle3": "the 1.1/1.2.0rc-era llm_args.py has no Eagle3 (\"Invalid decoding type\"); 'Eagle' loads on both",
+    "Draft_Target": "the 1.1/1.2.0rc-era llm_args.py dispatches 'DraftTarget' only",
+    "DraftTarget": "the pre-1.3 llm_args.py's discriminator takes 'Draft_Target' only",
+}
 
 # Which decoding types the PyTorch backend runs (``supports_backend``): Medusa and Lookahead do not.
-PYTORCH_DECODING_TYPES = frozenset({"Eagle3", "Eagle", "DraftTarget", "NGram", "MTP"})
+PYTORCH_DECODING_TYPES = frozenset({"Eagle3", "Eagle", "Draft_Target", "DraftTarget", "NGram", "MTP"})
 
 # Triton's llmapi model (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml @0ebb1536ac12):
 # LLM() kwargs plus a triton_config block.
@@ -452,6 +586,41 @@ def check_llm_api(options: Mapping, *, triton_model_yaml: bool = False) -> list[
             if key not in TRITON_CONFIG_KEYS:
                 problems.append(f"Triton llmapi model.yaml: unknown key triton_config.{key}")
     return problems
+
+
+def _yaml_names(options: Mapping) -> list[str]:
+    """The dotted names of an LLM-API options dict, in LLM_API_NAMES's form."""
+    names: list[str] = []
+    for key, value in options.items():
+        if key == "triton_config":
+            continue
+        names.append(key)
+        if key in ("kv_cache_config", "speculative_config") and isinstance(value, Mapping):
+            for sub, v in value.items():
+                names.append(f"{key}.{sub}={v}" if (key, sub) == ("speculative_config", "decoding_type") else f"{key}.{sub}")
+    return names
+
+
+def unconfirmed_llm_api_names(options: Mapping) -> list[str]:
+    """Names in ``options`` (an LLM-API YAML trtspec wrote) that are not confirmed to load on
+    TRTLLM_RELEASE: not accepted by both bracketing copies of llm_args.py, or not in LLM_API_NAMES
+    at all (a recipe passthrough). Each entry says why."""
+    out: list[str] = []
+    for name in _yaml_names(options):
+        check = LLM_API_NAME_INDEX.get(name)
+        if check is None:
+            if name.startswith("speculative_config.decoding_type="):
+                dtype = name.split("=", 1)[1]
+                why = ONE_COPY_DECODING_TYPES.get(dtype, "not read in either copy")
+            elif name.split(".")[0] in ("kv_cache_config", "speculative_config") or name in LLM_API_PASSTHROUGH_KEYS:
+                why = "a passthrough name, checked against one 1.x copy only"
+            else:
+                why = "not read in either copy"
+            out.append(f"{name}: {why}")
+        elif not check.confirmed:
+            which = "the 1.1/1.2.0rc-era copy" if not check.older else "the pre-1.3 copy"
+            out.append(f"{name}: refused by {which} of {LLM_ARGS_PATH}; {check.note}".rstrip("; "))
+    return out
 
 
 # This project's own `trtspec quantize` (issue 6's CLI shape) which the PyTorch flow's quantize

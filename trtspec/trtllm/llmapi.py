@@ -7,8 +7,11 @@ One dict of ``LLM()`` keyword arguments is the source of truth; it becomes
   ``triton_config``).
 
 Keys and ``decoding_type`` values are the ones in ``accepted_names`` (tensorrt_llm/llmapi/llm_args.py,
-whose models forbid unknown keys). Nothing here rewrites a recipe value; what the recipe leaves
-unset stays unset so TRT-LLM's own default applies.
+whose models forbid unknown keys): where the 1.1/1.2.0rc-era and the pre-1.3 copies of that file
+disagree, the spelling both accept (``speculative_model_dir``, ``decoding_type: Eagle`` for EAGLE-3);
+draft-target has no such spelling and gets ``Draft_Target`` (``accepted_names.LLM_API_NAMES``, and
+``trtspec check`` says so). Nothing here rewrites a recipe value; what the recipe leaves unset stays
+unset so TRT-LLM's own default applies.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any
 import yaml
 
 from trtspec.config import MTP, DraftTarget, Eagle3, NGram, Recipe
+from trtspec.trtllm.accepted_names import DECODING_TYPE_FOR_METHOD, SPECULATIVE_MODEL_KEY
 
 # keys that trtllm-serve takes as arguments, not from the extra-options YAML
 _CLI_KEYS = ("model", "backend", "tokenizer")
@@ -38,10 +42,11 @@ def speculative_config(recipe: Recipe, *, speculative_model: str | None) -> dict
 def _speculative_config(recipe: Recipe, *, speculative_model: str | None) -> dict[str, Any] | None:
     s = recipe.speculation
     if isinstance(s, Eagle3):
+        # "Eagle": the older llm_args.py has no "Eagle3"; the newer one runs "Eagle" as EAGLE-3
         cfg: dict[str, Any] = {
-            "decoding_type": "Eagle3",
+            "decoding_type": DECODING_TYPE_FOR_METHOD["eagle3"],
             "max_draft_len": s.max_draft_len,
-            "speculative_model": speculative_model,
+            SPECULATIVE_MODEL_KEY: speculative_model,
             "eagle3_one_model": s.eagle3_one_model,
         }
         if s.use_dynamic_tree:
@@ -51,16 +56,17 @@ def _speculative_config(recipe: Recipe, *, speculative_model: str | None) -> dic
             cfg["max_total_draft_tokens"] = s.max_total_draft_tokens or s.dynamic_tree_max_top_k * s.max_draft_len
         return cfg
     if isinstance(s, DraftTarget):
-        return {"decoding_type": "DraftTarget", "max_draft_len": s.max_draft_len, "speculative_model": speculative_model}
+        return {"decoding_type": DECODING_TYPE_FOR_METHOD["draft_target"], "max_draft_len": s.max_draft_len,
+                SPECULATIVE_MODEL_KEY: speculative_model}
     if isinstance(s, NGram):
         return {
-            "decoding_type": "NGram",
+            "decoding_type": DECODING_TYPE_FOR_METHOD["ngram"],
             "max_draft_len": s.max_draft_len,
             "max_matching_ngram_size": s.max_matching_ngram_size,
         }
     if isinstance(s, MTP):
         return {
-            "decoding_type": "MTP",
+            "decoding_type": DECODING_TYPE_FOR_METHOD["mtp"],
             "num_nextn_predict_layers": s.max_draft_len,
             "use_relaxed_acceptance_for_thinking": s.use_relaxed_acceptance_for_thinking,
         }
