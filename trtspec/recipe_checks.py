@@ -133,8 +133,8 @@ def passthrough_lines(recipe: Recipe) -> list[Line]:
 def trtllm_name_lines(recipe: Recipe) -> list[Line]:
     """``trtllm-names``: the LLM-API names the PyTorch flow's YAML writes that could not be
     confirmed against runtime.trtllm.version (accepted_names.LLM_API_NAMES: TRT-LLM 1.2.1's own
-    llm_args.py was not readable, so a name counts as confirmed when the 1.1/1.2.0rc-era and the
-    pre-1.3 copies both accept it). ``fast-logits``: an engine-flow draft-target recipe with
+    llm_args.py was not readable, so a name counts as confirmed when 1.2.1's quoted text has it or
+    the 1.1/1.2.0rc-era and the pre-1.3 copies both accept it). ``fast-logits``: an engine-flow draft-target recipe with
     use_draft_logits whose launch mode leaves speculative_decoding_fast_logits off."""
     from trtspec.trtllm import accepted_names as A
 
@@ -153,16 +153,17 @@ def trtllm_name_lines(recipe: Recipe) -> list[Line]:
             if unconfirmed:
                 lines.append(Line(
                     "trtllm-names", "warn",
-                    f"not confirmed against TensorRT-LLM {t.version} (its llm_args.py was not readable; "
-                    f"the two copies read disagree): " + "; ".join(unconfirmed),
+                    f"not confirmed against TensorRT-LLM {t.version} (its llm_args.py was not readable, and the "
+                    f"copies read around it disagree): " + "; ".join(unconfirmed),
                     fix="if TensorRT-LLM refuses the name at load (\"Invalid decoding type\" / \"Input tag ... does "
-                        "not match\"), write the other copy's spelling into OUT/llmapi/*.yaml "
+                        "not match\"), write the other copy's spelling (DraftTarget <-> Draft_Target) into OUT/llmapi/*.yaml "
                         "(docs/trtllm.md, 'LLM-API names')"))
             else:
                 lines.append(Line(
                     "trtllm-names", "ok",
-                    f"{len(A._yaml_names(written))} LLM-API names, each accepted by both the 1.1/1.2.0rc-era and the "
-                    f"pre-1.3 llm_args.py (TensorRT-LLM {t.version}'s own copy was not readable)"))
+                    f"{len(A._yaml_names(written))} LLM-API names, each in 1.2.1's quoted llm_args.py text or accepted by "
+                    f"both the 1.1/1.2.0rc-era and the pre-1.3 copies (TensorRT-LLM {t.version}'s own file was not "
+                    f"readable; accepted_names.LLM_API_NAMES)"))
     s = recipe.speculation
     if recipe.runtime.backend == "trtllm-engine" and s.method == "draft_target" and getattr(s, "use_draft_logits", False):
         mode = t.launch_mode

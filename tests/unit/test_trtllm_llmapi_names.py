@@ -32,21 +32,23 @@ def _recipe(name: str, **changes):
 
 def test_the_spellings_are_the_ones_both_copies_accept():
     assert A.SPECULATIVE_MODEL_KEY == "speculative_model_dir"
-    assert A.DECODING_TYPE_FOR_METHOD == {"eagle3": "Eagle", "draft_target": "Draft_Target", "ngram": "NGram",
+    assert A.DECODING_TYPE_FOR_METHOD == {"eagle3": "Eagle", "draft_target": "DraftTarget", "ngram": "NGram",
                                           "mtp": "MTP"}
     assert A.LLM_API_NAME_INDEX["speculative_config.speculative_model_dir"].confirmed
     assert A.LLM_API_NAME_INDEX["speculative_config.decoding_type=Eagle"].confirmed
-    assert not A.LLM_API_NAME_INDEX["speculative_config.decoding_type=Draft_Target"].confirmed
+    assert not A.LLM_API_NAME_INDEX["speculative_config.decoding_type=DraftTarget"].confirmed
     # the refused spellings are not listed as written names
     for name in ("speculative_config.speculative_model", "speculative_config.decoding_type=Eagle3",
-                 "speculative_config.decoding_type=DraftTarget"):
+                 "speculative_config.decoding_type=Draft_Target"):
         assert name not in A.LLM_API_NAME_INDEX
 
 
 def test_every_name_has_both_copies_or_a_note():
     for n in A.LLM_API_NAMES:
-        assert n.newer, n.name
-        assert n.older or n.note, n.name
+        assert (n.older and n.newer) or n.release or n.note, n.name
+    # 1.2.1's own quoted text: speculative_model with the speculative_model_dir alias
+    assert "speculative_model_dir" in A.LLM_API_NAME_INDEX["speculative_config.speculative_model_dir"].release
+    assert A.LLM_ARGS_1_2_1.index_id == "59958270572" and "1.2.1" in A.LLM_ARGS_1_2_1.marks
     assert A.LLM_ARGS_OLDER.path == A.LLM_ARGS_NEWER.path == "tensorrt_llm/llmapi/llm_args.py"
     assert A.LLM_ARGS_OLDEST.commit == "fcd3f31682808ae56118ae43c1d7864a3a945e6f"
 
@@ -67,18 +69,18 @@ def test_goldens_carry_the_confirmed_spellings(golden):
     sc = yaml.safe_load(text)["speculative_config"]
     assert sc["decoding_type"] == "Eagle" and "speculative_model_dir" in sc and "speculative_model" not in sc
     sources = (GOLDEN / "SOURCES.md").read_text()
-    for copy in (A.LLM_ARGS_OLDER, A.LLM_ARGS_NEWER):
+    for copy in (A.LLM_ARGS_OLDER, A.LLM_ARGS_NEWER, A.LLM_ARGS_1_2_1):
         assert copy.index_id in sources
 
 
-def test_draft_target_writes_draft_target_and_check_says_it_is_unconfirmed():
+def test_draft_target_writes_the_from_dict_key_and_check_says_it_is_unconfirmed():
     r = _recipe("llama3.3-70b-draft-target-fp8-trtllm.yaml", **{"runtime.backend": "trtllm-pytorch"})
     sc = llmapi.speculative_config(r, speculative_model="/d")
-    assert sc == {"decoding_type": "Draft_Target", "max_draft_len": r.speculation.max_draft_len,
+    assert sc == {"decoding_type": "DraftTarget", "max_draft_len": r.speculation.max_draft_len,
                   "speculative_model_dir": "/d"}
     (line,) = [ln for ln in trtllm_name_lines(r) if ln.name == "trtllm-names"]
     assert line.status == "warn"
-    assert "speculative_config.decoding_type=Draft_Target" in line.detail and "DraftTarget" in line.detail
+    assert "speculative_config.decoding_type=DraftTarget" in line.detail and "Draft_Target" in line.detail
 
 
 def test_check_reports_confirmed_names_for_the_eagle3_recipe():

@@ -5,8 +5,9 @@ Data, not logic. Every plan trtspec generates is checked against it (``check_arg
 the upstream file it was read from (NVIDIA/TensorRT-LLM unless said otherwise) and the commit of
 the copy that was read. The 1.2.1 tag itself was not in the source index; these are 1.x copies
 of the same files (the engine-flow scripts did not change their flags within 1.x). The LLM-API
-names are held against two copies of llm_args.py that bracket 1.2.1 (LLM_API_NAMES): trtspec
-writes the spellings both accept, and reports the rest (``unconfirmed_llm_api_names``).
+names are held against two copies of llm_args.py that bracket 1.2.1 and a quoted excerpt of
+1.2.1's own (LLM_API_NAMES): trtspec writes the spellings those accept, and reports the rest
+(``unconfirmed_llm_api_names``).
 
 Flag spec: ``FLAG`` → ``None`` for a store-true switch (takes no value), ``VALUE`` for any single
 value, or a tuple of the allowed values (argparse ``choices``).
@@ -276,11 +277,20 @@ TOOLS: dict[str, Tool] = {t.name: t for t in (
 #   ``speculative_model_dir`` (AliasChoices); TorchLlmArgs turns ``Eagle`` into Eagle3DecodingConfig
 #   on the PyTorch backend, with a warning.
 #
-# trtspec writes the spelling both copies accept wherever one exists (``speculative_model_dir``,
-# ``decoding_type: Eagle`` + ``eagle3_one_model`` for EAGLE-3). Draft-target has none: the older
-# copy knows only "DraftTarget", the newer only "Draft_Target". trtspec writes the newer copy's
-# "Draft_Target" (the copy nearer 1.2.1, and the spelling of NVIDIA's Triton tutorial) and
-# ``trtspec check`` says it is unconfirmed. LLM_API_NAMES below lists every name the YAML writes,
+# - LLM_ARGS_1_2_1: no copy of 1.2.1's file, but a third-party schema-extraction transcript that
+#   quotes two of its classes, labelled "tensorrt library, version 1.2.1": DecodingBaseConfig has
+#   ``speculative_model`` with AliasChoices("speculative_model", "speculative_model_dir") and
+#   ``draft_len_schedule`` (the 1.2 release notes' "dynamic draft length"), and
+#   LookaheadDecodingConfig still has the older ``from_dict``/``__init__`` and no Literal
+#   decoding_type. So 1.2.1 lies between the two copies: the alias is in, the discriminated union
+#   is not, and a YAML decoding_type still goes through ``DecodingBaseConfig.from_dict``.
+#
+# trtspec writes the spelling both bracketing copies accept wherever one exists
+# (``speculative_model_dir``, ``decoding_type: Eagle`` + ``eagle3_one_model`` for EAGLE-3).
+# Draft-target has none: the older copy (and every from_dict-era copy read) dispatches only
+# "DraftTarget", the newer copy's union takes only "Draft_Target". Since 1.2.1 is from_dict era,
+# trtspec writes "DraftTarget"; 1.2.1's own dispatch table was not seen, so ``trtspec check`` says
+# it is unconfirmed. LLM_API_NAMES below lists every name the YAML writes,
 # where each copy defines it (class.field; "char N" is the position in that copy's text), and
 # whether both copies accept it. tests/golden/trtllm/SOURCES.md says the same for the goldens.
 
@@ -315,23 +325,34 @@ LLM_ARGS_NEWER = SourceCopy(
 LLM_ARGS_OLDEST = SourceCopy(
     LLM_ARGS_PATH, "fcd3f31682808ae56118ae43c1d7864a3a945e6f", "292162234", 83880,
     "0.2x: DecodingBaseConfig(BaseModel) with speculative_model; from_dict key DraftTarget")
+# TRT-LLM 1.2.1 itself, as quoted by a third-party transcript (not NVIDIA's repository): the
+# DecodingBaseConfig fields and a pre-union LookaheadDecodingConfig (from_dict, __init__).
+LLM_ARGS_1_2_1 = SourceCopy(
+    "schema-extraction transcript 'decoding_configs', quoting " + LLM_ARGS_PATH, None, "59958270572", 12244,
+    "labelled 'tensorrt library, version 1.2.1': speculative_model + AliasChoices(speculative_model, "
+    "speculative_model_dir), draft_len_schedule; LookaheadDecodingConfig with from_dict/__init__ (no Literal)")
+# The same transcript series for 1.0.0 (index copy 59861367871) quotes DecodingBaseConfig.from_dict
+# with the key "DraftTarget" and speculative_model_dir.
 LLM_ARGS_SOURCE = f"{LLM_ARGS_PATH} (BaseLlmArgs, TorchLlmArgs, KvCacheConfig, *DecodingConfig)"
 
 
 @dataclass(frozen=True)
 class NameCheck:
     """One name trtspec's LLM-API YAML writes, and where each bracketing copy of llm_args.py
-    defines it ("" = that copy refuses it)."""
+    defines it ("" = that copy refuses it); ``release``: where LLM_ARGS_1_2_1 shows it ("" = not
+    quoted there)."""
 
     name: str  # dotted path in the YAML; decoding_type values as "speculative_config.decoding_type=VALUE"
     older: str
     newer: str
     note: str = ""
+    release: str = ""
 
     @property
     def confirmed(self) -> bool:
-        """Both copies accept it, so it loads whichever of them 1.2.1's llm_args.py matches."""
-        return bool(self.older and self.newer)
+        """1.2.1's quoted text has it, or both bracketing copies accept it (so it loads whichever
+        of them 1.2.1's llm_args.py follows for this name)."""
+        return bool(self.release) or bool(self.older and self.newer)
 
 
 _D = "speculative_config."
@@ -358,18 +379,23 @@ LLM_API_NAMES: tuple[NameCheck, ...] = (
               "spec_dec_mode EAGLE3 / EAGLE3_ONE_MODEL)", "EagleDecodingConfig Literal['Eagle'], made "
               "Eagle3DecodingConfig by TorchLlmArgs.validate_speculative_config (with a warning)",
               "EAGLE-3; 'Eagle3' is refused by the older copy (\"Invalid decoding type\")"),
-    NameCheck(_D + "decoding_type=Draft_Target", "", "DraftTargetDecodingConfig Literal['Draft_Target'] (char 47366); SpeculativeConfig union (char 70485)",
-              "the older copy's from_dict key is 'DraftTarget' (its ClassVar reads 'Draft_Target' but is not "
-              "looked up); the newer copy refuses 'DraftTarget'"),
+    NameCheck(_D + "decoding_type=DraftTarget", "DecodingBaseConfig.from_dict key 'DraftTarget' (char 17839)", "",
+              "the pre-1.3 copy's union takes only 'Draft_Target' (DraftTargetDecodingConfig Literal, char 47366; "
+              "union char 70485); 1.2.1 is from_dict era (LLM_ARGS_1_2_1) and every from_dict-era copy read keys "
+              "'DraftTarget' (the ClassVar 'Draft_Target' is not looked up), but 1.2.1's own table was not seen"),
     NameCheck(_D + "decoding_type=NGram", "from_dict key 'NGram'", "NGramDecodingConfig Literal['NGram']"),
     NameCheck(_D + "decoding_type=MTP", "from_dict key 'MTP'", "MTPDecodingConfig Literal['MTP']"),
-    NameCheck(_D + "max_draft_len", "DecodingBaseConfig.max_draft_len", "DecodingBaseConfig.max_draft_len"),
+    NameCheck(_D + "max_draft_len", "DecodingBaseConfig.max_draft_len", "DecodingBaseConfig.max_draft_len",
+              release="DecodingBaseConfig.max_draft_len"),
     NameCheck(_D + "speculative_model_dir", "DecodingBaseConfig.speculative_model_dir",
               "DecodingBaseConfig.speculative_model, validation_alias AliasChoices('speculative_model', "
-              "'speculative_model_dir')", "'speculative_model' is refused by the older copy"),
-    NameCheck(_D + "max_concurrency", "DecodingBaseConfig.max_concurrency", "DecodingBaseConfig.max_concurrency"),
+              "'speculative_model_dir')", "'speculative_model' is refused by the older copy",
+              release="DecodingBaseConfig.speculative_model, validation_alias AliasChoices('speculative_model', "
+                      "'speculative_model_dir') (transcript char 5413)"),
+    NameCheck(_D + "max_concurrency", "DecodingBaseConfig.max_concurrency", "DecodingBaseConfig.max_concurrency",
+              release="DecodingBaseConfig.max_concurrency"),
     NameCheck(_D + "max_total_draft_tokens", "DecodingBaseConfig.max_total_draft_tokens",
-              "DecodingBaseConfig.max_total_draft_tokens"),
+              "DecodingBaseConfig.max_total_draft_tokens", release="DecodingBaseConfig.max_total_draft_tokens"),
     NameCheck(_D + "eagle3_one_model", "EagleDecodingConfig.eagle3_one_model", "EagleDecodingConfig.eagle3_one_model"),
     NameCheck(_D + "use_dynamic_tree", "EagleDecodingConfig.use_dynamic_tree", "EagleDecodingConfig.use_dynamic_tree"),
     NameCheck(_D + "dynamic_tree_max_topK", "EagleDecodingConfig.dynamic_tree_max_topK",
@@ -384,7 +410,7 @@ LLM_API_NAMES: tuple[NameCheck, ...] = (
 LLM_API_NAME_INDEX = {n.name: n for n in LLM_API_NAMES}
 
 # The decoding_type trtspec writes for each recipe method (PyTorch flow).
-DECODING_TYPE_FOR_METHOD = {"eagle3": "Eagle", "draft_target": "Draft_Target", "ngram": "NGram", "mtp": "MTP"}
+DECODING_TYPE_FOR_METHOD = {"eagle3": "Eagle", "draft_target": "DraftTarget", "ngram": "NGram", "mtp": "MTP"}
 # The draft / head folder key of speculative_config.
 SPECULATIVE_MODEL_KEY = "speculative_model_dir"
 
@@ -437,8 +463,8 @@ _EAGLE = _DECODING_BASE | {
 SPECULATIVE_CONFIG_KEYS: dict[str, frozenset] = {
     "Eagle": frozenset(_EAGLE),
     "Eagle3": frozenset(_EAGLE),  # newer copy only
-    "Draft_Target": _DECODING_BASE,  # newer copy only; the older copy's key is "DraftTarget"
-    "DraftTarget": _DECODING_BASE,  # older copy only
+    "DraftTarget": _DECODING_BASE,  # from_dict-era key (older copy; 1.2.1 is from_dict era)
+    "Draft_Target": _DECODING_BASE,  # pre-1.3 union literal only
     "NGram": _DECODING_BASE | {"max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool"},
     "MTP": _DECODING_BASE | {
         "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk", "relaxed_delta",
@@ -450,7 +476,7 @@ SPECULATIVE_CONFIG_KEYS: dict[str, frozenset] = {
 # decoding_type spellings only one bracketing copy accepts, and what the other one takes instead
 ONE_COPY_DECODING_TYPES = {
     "Eagle3": "the 1.1/1.2.0rc-era llm_args.py has no Eagle3 (\"Invalid decoding type\"); 'Eagle' loads on both",
-    "Draft_Target": "the 1.1/1.2.0rc-era llm_args.py dispatches 'DraftTarget' only",
+    "Draft_Target": "from_dict-era llm_args.py (1.1/1.2.0rc, and 1.2.1 by its quoted text) dispatches 'DraftTarget' only",
     "DraftTarget": "the pre-1.3 llm_args.py's discriminator takes 'Draft_Target' only",
 }
 
@@ -458,7 +484,9 @@ ONE_COPY_DECODING_TYPES = {
 PYTORCH_DECODING_TYPES = frozenset({"Eagle3", "Eagle", "Draft_Target", "DraftTarget", "NGram", "MTP"})
 
 # Triton's llmapi model (triton_backend/all_models/llmapi/tensorrt_llm/1/model.yaml @0ebb1536ac12):
-# LLM() kwargs plus a triton_config block.
+# LLM() kwargs plus a triton_config block. Its model.py (index copy 977111432,
+# TritonPythonModel.initialize) reads the rest through update_llm_args_with_extra_dict, the same
+# reader as trtllm-serve's --extra_llm_api_options, so LLM_API_NAMES holds for both files.
 TRITON_LLMAPI_EXTRA_KEYS = frozenset({"triton_config"})
 TRITON_CONFIG_KEYS = frozenset({"max_batch_size", "decoupled"})
 
@@ -619,7 +647,8 @@ def unconfirmed_llm_api_names(options: Mapping) -> list[str]:
             out.append(f"{name}: {why}")
         elif not check.confirmed:
             which = "the 1.1/1.2.0rc-era copy" if not check.older else "the pre-1.3 copy"
-            out.append(f"{name}: refused by {which} of {LLM_ARGS_PATH}; {check.note}".rstrip("; "))
+            out.append(f"{name}: not in 1.2.1's quoted text and refused by {which} of {LLM_ARGS_PATH}; "
+                       f"{check.note}".rstrip("; "))
     return out
 
 

@@ -9,8 +9,9 @@ One dict of ``LLM()`` keyword arguments is the source of truth; it becomes
 Keys and ``decoding_type`` values are the ones in ``accepted_names`` (tensorrt_llm/llmapi/llm_args.py,
 whose models forbid unknown keys): where the 1.1/1.2.0rc-era and the pre-1.3 copies of that file
 disagree, the spelling both accept (``speculative_model_dir``, ``decoding_type: Eagle`` for EAGLE-3);
-draft-target has no such spelling and gets ``Draft_Target`` (``accepted_names.LLM_API_NAMES``, and
-``trtspec check`` says so). Nothing here rewrites a recipe value; what the recipe leaves unset stays
+draft-target has no such spelling and gets the from_dict-era ``DraftTarget``, which 1.2.1 (from_dict
+era by its quoted text) should take (``accepted_names.LLM_API_NAMES``; ``trtspec check`` says it is
+unconfirmed). Nothing here rewrites a recipe value; what the recipe leaves unset stays
 unset so TRT-LLM's own default applies.
 """
 
