@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from trtspec.cli import main
 from trtspec.client.errors import EXIT_CODES, AuthRejected, TLSMismatch, classify
-from trtspec.client.targets import ClientOptions, TLSOptions, open_client, parse_headers, parse_target
+from trtspec.client.connect import open_client
+from trtspec.client.targets import ClientOptions, TLSOptions, parse_headers, parse_target
 from trtspec.errors import ConfigError, TrtspecError
 from trtspec.openai_api import APIError, StopCutter, parse_request
 from trtspec.triton.launch.server import free_port

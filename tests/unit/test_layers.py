@@ -1,6 +1,10 @@
 """The layers, enforced: an import graph read with ``ast`` from ``trtspec/`` (docs/architecture.md).
 
 * no cycle among module-level imports;
+* no cycle between files at all, counting every import: module-level, function-level ("lazy")
+  and typing-only (``if TYPE_CHECKING:``). A lazy import only moves a circle to run time, and a
+  typing-only one keeps the two files' designs tied; a circle is broken by moving what both use
+  into a lower module;
 * the torch-free modules reach no torch, transformers or ModelOpt through module-level imports;
 * forbidden edges (any level, function-level imports included): the client and validation import
   nothing of the runtime, the runtime nothing of quantization, serving or the client, the stub side
@@ -180,6 +184,99 @@ def test_no_module_level_cycle():
         if v not in index:
             visit(v)
     assert not cycles, f"module-level import cycles: {cycles}"
+
+
+def _sccs(adj: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+    for root in adj:
+        if root in index:
+            continue
+        work = [(root, iter(adj[root]))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(adj[w])))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    w = stack.pop()
+                    on.discard(w)
+                    comp.append(w)
+                    if w == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def _a_cycle(comp: list[str], edges: dict[tuple[str, str], str]) -> str:
+    """One circle through a component, as ``a:LINE imports b → b:LINE imports a``."""
+    members = set(comp)
+    start = comp[0]
+    prev: dict[str, str] = {}
+    todo = [start]
+    while todo:  # breadth first from start until an edge comes back to it
+        v = todo.pop(0)
+        for (a, b) in edges:
+            if a != v or b not in members:
+                continue
+            if b == start:
+                path = [v]
+                while path[-1] != start:
+                    path.append(prev[path[-1]])
+                path.reverse()
+                return " → ".join(f"{m} ({edges[(m, n)]})" for m, n in zip(path, path[1:] + [start]))
+            if b not in prev and b != start:
+                prev[b] = v
+                todo.append(b)
+    return ", ".join(comp)
+
+
+def import_cycles(g: dict[str, list[tuple[str, int, bool, str]]]) -> list[str]:
+    """Every circle of imports between trtspec's files, each named by one path through it."""
+    edges: dict[tuple[str, str], str] = {}
+    for mod, es in g.items():
+        for dep, line, top, src in es:
+            if dep in g and dep != mod:
+                edges.setdefault((mod, dep), f"line {line}{'' if top else ', in a function'}: {src.strip()}")
+    adj = {m: sorted({d for (a, d) in edges if a == m}) for m in g}
+    return [_a_cycle(comp, edges) for comp in _sccs(adj)]
+
+
+def test_no_import_cycle_between_files_counting_every_import():
+    cycles = import_cycles(graph())
+    assert not cycles, ("import circles between files (function-level and typing-only imports count: move "
+                        "what both sides use into a lower module):\n" + "\n".join(cycles))
+
+
+def test_the_cycle_finder_names_a_lazy_circle():
+    g = {"p.a": [("p.b", 3, True, "from p.b import x")],
+         "p.b": [("p.c", 9, False, "from p.c import y  # lazy: ...")],
+         "p.c": [("p.a", 5, True, "from p.a import z"), ("os", 1, True, "import os")],
+         "p.d": [("p.a", 2, True, "import p.a")]}
+    assert import_cycles(g) == ["p.a (line 3: from p.b import x) → p.b (line 9, in a function: from p.c import y  "
+                                "# lazy: ...) → p.c (line 5: from p.a import z)"]
+    g["p.b"] = []
+    assert import_cycles(g) == []
 
 
 @pytest.mark.parametrize("prefix", TORCH_FREE)

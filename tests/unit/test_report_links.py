@@ -9,6 +9,8 @@ import shutil
 from types import SimpleNamespace
 from urllib.parse import unquote, urlparse
 
+import pytest
+
 from trtspec.config import Gates, load_recipe
 from trtspec.run_report import write_run_report
 from trtspec.validate.equivalence import EquivalenceResult, compare
@@ -70,13 +72,21 @@ def _validation_result() -> ValidationResult:
                             speedup=bench.speedup(1), at_concurrency=1, verdict=verdict, started="t", wall_s=1.0)
 
 
-def test_run_report_folder_moved_elsewhere_keeps_every_link(tmp_path):
+@pytest.fixture(scope="module")
+def validation_folder(tmp_path_factory) -> tuple[ValidationResult, pathlib.Path]:
+    """The validation stage's folder, written once by the library's writer (plots take seconds)."""
+    res = _validation_result()
+    out = tmp_path_factory.mktemp("validate")
+    write_validation_report(res, out, max_draft_len=4, min_speedup=1.1)
+    (out / "server_metrics.json").write_text("{}\n")
+    return res, out
+
+
+def test_run_report_folder_moved_elsewhere_keeps_every_link(tmp_path, validation_folder):
     """`trtspec run`'s layout (workdir/validate, workdir/report), the report folder moved alone."""
     work = tmp_path / "run"
-    res = _validation_result()
     val_dir = work / "validate"
-    write_validation_report(res, val_dir, max_draft_len=4, min_speedup=1.1)
-    (val_dir / "server_metrics.json").write_text("{}\n")
+    shutil.copytree(validation_folder[1], val_dir)
     pipeline = SimpleNamespace(
         recipe=load_recipe(REPO / "build_configs" / "tiny-cpu-draft-target.yaml"), source="tiny.yaml",
         outputs={"validate": {"report_json": str(val_dir / "report.json")}}, stage_log=[],
@@ -93,9 +103,9 @@ def test_run_report_folder_moved_elsewhere_keeps_every_link(tmp_path):
     assert not broken(moved), broken(moved)
 
 
-def test_bench_and_validation_report_folders_moved_keep_every_link(tmp_path):
-    res = _validation_result()
-    for name, write in (("validate", lambda d: write_validation_report(res, d, max_draft_len=4, min_speedup=1.1)),
+def test_bench_and_validation_report_folders_moved_keep_every_link(tmp_path, validation_folder):
+    res, written = validation_folder
+    for name, write in (("validate", lambda d: shutil.copytree(written, d)),
                         ("bench", lambda d: write_bench_report(res.bench, d))):
         write(tmp_path / name)
         moved = tmp_path / "moved" / name

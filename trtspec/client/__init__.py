@@ -1,11 +1,14 @@
 """gRPC client SDK, load generator and latency metrics for LLM deployments on Triton.
 
-* ``client``   :class:`AsyncLLMClient` / :class:`LLMClient`: ``generate(prompt, sampling, stream=True)``
+* ``client``   :class:`AsyncLLMClient` (gRPC): ``generate(prompt, sampling, stream=True)``
+* ``connect``  :func:`open_client` (gRPC or OpenAI-compatible HTTP by the URL) and the blocking :class:`LLMClient`
 * ``metrics``  GenAI-Perf metric definitions over per-request timelines, percentiles, buckets
 * ``loadgen``  concurrency sweeps, baseline and speculative interleaved on the same prompts
 """
 
-from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMClient, LLMClient, ModelInfo, parse_url
+from trtspec.client.base import BASELINE_MODEL, SPECULATIVE_MODEL, ModelInfo
+from trtspec.client.client import AsyncLLMClient, parse_url
+from trtspec.client.connect import LLMClient, open_client
 from trtspec.client.errors import (
     InferenceFailed,
     ModelNotFound,
@@ -19,7 +22,7 @@ from trtspec.client.errors import (
 from trtspec.client.types import Chunk, GenerationResult, Sampling
 
 __all__ = [
-    "AsyncLLMClient", "LLMClient", "ModelInfo", "parse_url", "SPECULATIVE_MODEL", "BASELINE_MODEL",
+    "AsyncLLMClient", "LLMClient", "ModelInfo", "open_client", "parse_url", "SPECULATIVE_MODEL", "BASELINE_MODEL",
     "Sampling", "Chunk", "GenerationResult",
     "ServerRequestError", "ServerUnavailable", "ServerNotReady", "ModelNotFound", "RequestRejected",
     "InferenceFailed", "RequestTimeout", "ServerBusy",

@@ -21,12 +21,9 @@ import asyncio
 import itertools
 import json
 import os
-import threading
 import time
-from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, AsyncIterator, Mapping, Sequence
 
-import numpy as np
 
 from trtspec.client.errors import (
     InferenceFailed,
@@ -42,12 +39,10 @@ from trtspec.client.errors import (
     from_exception,
 )
 from trtspec.client.targets import ClientOptions, parse_target, speaks_tls
+from trtspec.client.base import BASELINE_MODEL as BASELINE_MODEL  # re-exported: importable from here as before
+from trtspec.client.base import SPECULATIVE_MODEL, ModelInfo, OnChunk, load_tokenizer, stream_chunks
 from trtspec.client.types import Chunk, GenerationResult, Sampling
 from trtspec.errors import ConfigError
-
-SPECULATIVE_MODEL = "ensemble"
-BASELINE_MODEL = "ensemble_baseline"
-OnChunk = Callable[[Chunk], "bool | None"]  # return False to cancel the request
 
 # logical request field → input names that carry it, per model kind (first declared name wins)
 _TEXT_INPUTS = {
@@ -98,81 +93,6 @@ def parse_url(url: str) -> str:
                           fix="e.g. --url 127.0.0.1:8001 (grpcs://HOST:PORT for TLS; OpenAI-compatible "
                               "http(s)://HOST:PORT/v1 URLs are for trtspec.client.targets.open_client)")
     return target.address
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """What the client needs to know about a model, read once from its config."""
-
-    name: str
-    kind: str  # "text" | "ids"
-    inputs: dict[str, tuple[str, tuple[int, ...]]]  # name → (datatype, dims without batch)
-    outputs: frozenset[str]
-    max_batch_size: int
-    decoupled: bool
-
-    @classmethod
-    def from_config(cls, cfg: dict) -> "ModelInfo":
-        inputs = {i["name"]: (i["data_type"].removeprefix("TYPE_").replace("STRING", "BYTES"),
-                              tuple(int(d) for d in i.get("dims", [])))
-                  for i in cfg.get("input", [])}
-        kind = "text" if "text_input" in inputs else "ids" if "input_ids" in inputs else "unknown"
-        return cls(
-            name=cfg["name"], kind=kind, inputs=inputs,
-            outputs=frozenset(o["name"] for o in cfg.get("output", [])),
-            max_batch_size=int(cfg.get("max_batch_size", 0)),
-            decoupled=bool(cfg.get("model_transaction_policy", {}).get("decoupled", False)),
-        )
-
-    def tensor(self, name: str, values: Sequence[Any]):
-        """An ``InferInput`` shaped as the model declares it ([1, ...] when it batches)."""
-        import tritonclient.grpc as grpcclient
-        from tritonclient.utils import triton_to_np_dtype
-
-        dtype, dims = self.inputs[name]
-        n = len(values)
-        shape = [n if d == -1 else d for d in dims] or [1]
-        if self.max_batch_size > 0:
-            shape = [1, *shape]
-        if dtype == "BYTES":
-            arr = np.array([v if isinstance(v, bytes) else str(v).encode() for v in values], dtype=np.object_)
-        else:
-            arr = np.array(values, dtype=triton_to_np_dtype(dtype))
-        t = grpcclient.InferInput(name, shape, dtype)
-        t.set_data_from_numpy(arr.reshape(shape))
-        return t
-
-
-class FastTokenizer:
-    """The two calls the client makes, on ``tokenizers`` directly (a folder's ``tokenizer.json``):
-    no transformers/torch import, which costs seconds per process."""
-
-    def __init__(self, path: str):
-        from tokenizers import Tokenizer
-
-        self._tok = Tokenizer.from_file(path)
-
-    def __call__(self, text: str, add_special_tokens: bool = False) -> dict:
-        return {"input_ids": self._tok.encode(text, add_special_tokens=add_special_tokens).ids}
-
-    def decode(self, ids, skip_special_tokens: bool = True) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
-
-
-def load_tokenizer(tokenizer):
-    """An HF tokenizer object (used as is), a folder (its ``tokenizer.json``, else
-    ``AutoTokenizer``), or None."""
-    if tokenizer is None or not isinstance(tokenizer, (str, os.PathLike)):
-        return tokenizer
-    path = str(tokenizer)
-    if not os.path.isdir(path):
-        raise ConfigError("tokenizer", path, "tokenizer folder not found",
-                          fix="pass an HF model or tokenizer folder (the target's)")
-    if os.path.isfile(os.path.join(path, "tokenizer.json")):
-        return FastTokenizer(os.path.join(path, "tokenizer.json"))
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(path)
 
 
 class AsyncLLMClient:
@@ -501,34 +421,6 @@ class _NoResponseYet(Exception):
         self.error = error
 
 
-async def stream_chunks(client, prompt, sampling, **kwargs) -> AsyncIterator[Chunk]:
-    """``client.generate(..., on_chunk=...)`` as an async iterator (any client with that API).
-    Leaving the loop early cancels the request: the server sees the client go away."""
-    queue: asyncio.Queue = asyncio.Queue()
-    done = object()
-
-    async def run():
-        try:
-            await client.generate(prompt, sampling, stream=True, on_chunk=queue.put_nowait, **kwargs)
-            queue.put_nowait(done)
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            queue.put_nowait(e)
-
-    task = asyncio.create_task(run())
-    try:
-        while True:
-            item = await queue.get()
-            if item is done:
-                break
-            if isinstance(item, BaseException):
-                raise item
-            yield item
-    finally:
-        if not task.done():
-            task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
 def _log_probs(result) -> list[float] | None:
     """NVIDIA's ``output_log_probs`` when the model sends it (flattened: one sequence)."""
     try:
@@ -626,62 +518,3 @@ class _ResponseParser:
             accepted_draft_tokens=self.acc.get("accepted"), draft_tokens=self.acc.get("drafted"),
             served_by=self.served_by, perf=self.perf, stream=self.stream,
         )
-
-
-class LLMClient:
-    """Blocking client over :class:`AsyncLLMClient`, which runs on a private event-loop thread.
-
-    Thread-safe: calls from several threads run concurrently on that loop.
-    """
-
-    def __init__(self, url: str, **kwargs):
-        from trtspec.client.targets import open_client  # lazy: trtspec.client.targets imports the package trtspec.client, whose __init__ imports this module
-
-        self._async = open_client(url, **kwargs)  # gRPC, or an OpenAI-compatible http(s) URL
-        self.url = self._async.url
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="trtspec-grpc", daemon=True)
-        self._thread.start()
-
-    def _run(self, coro):
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        try:
-            return fut.result()
-        except BaseException:
-            fut.cancel()
-            raise
-
-    def __enter__(self) -> "LLMClient":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    @property
-    def tokenizer(self):
-        return self._async.tokenizer
-
-    def wait_ready(self, models: Sequence[str] = (), timeout_s: float = 30.0) -> None:
-        self._run(self._async.wait_ready(models, timeout_s))
-
-    def model_info(self, model: str) -> ModelInfo:
-        return self._run(self._async.model_info(model))
-
-    def generate(self, prompt: str | Sequence[int], sampling: Sampling | None = None, *,
-                 model: str = SPECULATIVE_MODEL, stream: bool = True, request_id: str | None = None,
-                 timeout_s: float | None = None, on_chunk: OnChunk | None = None,
-                 extra_inputs: Mapping[str, Any] | None = None) -> GenerationResult:
-        """As :meth:`AsyncLLMClient.generate`; ``on_chunk`` runs on the client's event-loop thread."""
-        return self._run(self._async.generate(prompt, sampling, model=model, stream=stream,
-                                              request_id=request_id, timeout_s=timeout_s, on_chunk=on_chunk,
-                                              extra_inputs=extra_inputs))
-
-    def close(self) -> None:
-        if self._loop.is_closed():
-            return
-        try:
-            self._run(self._async.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
-            self._loop.close()

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Callable
 
-from trtspec.client.targets import ClientOptions, open_client
+from trtspec.client.connect import open_client
+from trtspec.client.targets import ClientOptions
 from trtspec.client.types import GenerationResult, Sampling
 
 

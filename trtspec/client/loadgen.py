@@ -22,14 +22,17 @@ from __future__ import annotations
 
 import asyncio
 import datetime as _dt
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
 
 from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMClient
 from trtspec.client.errors import ServerBusy, ServerRequestError, ServerUnavailable
-from trtspec.client.targets import ClientOptions, open_client
+from trtspec.client.connect import open_client
+from trtspec.client.targets import ClientOptions
 from trtspec.client.metrics import RequestRecord, Window, bucket_speedups, by_bucket, span, speedups, summarize
+from trtspec.client.openloop import SLO_METRICS, arrival_offsets, goodput, synthetic_length
 from trtspec.client.types import Sampling
 from trtspec.errors import ConfigError
 from trtspec.client.errors import InferenceFailed
@@ -78,6 +81,36 @@ def shape_prompts(prompts: Sequence[str], lengths: Sequence[int] | None = None, 
     return items
 
 
+def check_settings(s: BenchSettings) -> None:
+    if s.request_rates is not None:
+        if not s.request_rates or any(not (r > 0) for r in s.request_rates):
+            raise ConfigError("request_rate", s.request_rates, "needs rates > 0 (requests/s; inf = all at once)",
+                              fix="e.g. --request-rate 1,2,4")
+    if not (s.burstiness > 0 and math.isfinite(s.burstiness)):
+        raise ConfigError("burstiness", s.burstiness, "must be a finite number > 0 (1 = Poisson)",
+                          fix="e.g. --burstiness 1")
+    if s.max_concurrency is not None and s.max_concurrency < 1:
+        raise ConfigError("max_concurrency", s.max_concurrency, "must be >= 1", fix="e.g. --max-concurrency 8")
+    if s.schedule is not None and s.request_rates:
+        raise ConfigError("fixed_schedule", "…", "a fixed schedule sets its own arrival times",
+                          fix="pass --fixed-schedule or --request-rate, not both")
+    if s.schedule is not None and len(s.schedule) < 2:
+        raise ConfigError("fixed_schedule", len(s.schedule), "needs at least 2 requests (one block per order)")
+    for name in ("prompt_len_stddev", "output_len_stddev"):
+        v = getattr(s, name)
+        if not (v >= 0 and math.isfinite(v)):
+            raise ConfigError(name, v, "must be a finite number >= 0")
+    if s.prompt_len_stddev > 0 and not s.prompt_lens:
+        raise ConfigError("prompt_len_stddev", s.prompt_len_stddev, "needs a mean prompt length",
+                          fix="add --prompt-len MEAN")
+    for name, ms in s.goodput:
+        if name not in SLO_METRICS:
+            raise ConfigError("goodput", name, f"unknown SLO metric; known: {', '.join(sorted(SLO_METRICS))}",
+                              fix="e.g. --goodput ttft:200 --goodput itl:50")
+        if not (ms > 0 and math.isfinite(ms)):
+            raise ConfigError("goodput", f"{name}:{ms}", "the bound must be a number of milliseconds > 0")
+
+
 @dataclass(frozen=True)
 class BenchSettings:
     concurrency: tuple[int, ...] = (1, 2, 4)
@@ -109,8 +142,6 @@ class BenchSettings:
         return bool(self.request_rates) or self.schedule is not None
 
     def __post_init__(self):
-        from trtspec.client.openloop import check_settings  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
-
         check_settings(self)
         if not self.concurrency or any(c < 1 for c in self.concurrency):
             raise ConfigError("concurrency", self.concurrency, "needs integers >= 1", fix="e.g. --concurrency 1,2,4")
@@ -146,6 +177,15 @@ class BenchSettings:
         return d
 
 
+def level_label(lv: LevelResult) -> str:
+    if lv.schedule:
+        return "fixed schedule" + (f", max {lv.concurrency} in flight" if lv.concurrency else "")
+    if lv.request_rate is not None:
+        r = "all at once" if math.isinf(lv.request_rate) else f"{lv.request_rate:g} req/s"
+        return r + (f", max {lv.concurrency} in flight" if lv.concurrency else "")
+    return f"concurrency {lv.concurrency}"
+
+
 @dataclass
 class LevelResult:
     concurrency: int  # closed loop: requests in flight; open loop: the cap (0 = none)
@@ -156,8 +196,6 @@ class LevelResult:
     @property
     def load(self) -> str:
         """How this level loaded the server, for tables: "c=4", "2 req/s", "fixed schedule"."""
-        from trtspec.client.openloop import level_label  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
-
         return level_label(self)
 
     def _windows(self, role: str, replica: str | None) -> list[Window]:
@@ -229,8 +267,6 @@ class BenchResult:
                 "busy": sum(1 for r in failed if (r.error or "").startswith(BUSY_PREFIX))}
 
     def _level_dict(self, lv: LevelResult, replica: str | None) -> dict:
-        from trtspec.client.openloop import goodput  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
-
         d: dict = {"concurrency": lv.concurrency, "load": lv.load, "models": {}}
         if lv.request_rate is not None or lv.schedule:
             d["request_rate"] = "fixed schedule" if lv.schedule else lv.request_rate
@@ -393,6 +429,99 @@ async def gather_windows(blocks) -> list[Window]:
     return windows
 
 
+# ---- open loop: requests on a schedule (trtspec.client.openloop: arrivals, SLOs)
+
+
+async def _run_open_block(client: AsyncLLMClient, settings: BenchSettings, role: str, cap: int,
+                          plan: list[tuple[int, PromptItem, int]], offsets: list[float],
+                          on_done: Callable[[], None] | None, block: int) -> Window:
+    """Send ``plan[k]`` at ``offsets[k]`` seconds after the block starts, at most ``cap`` in flight
+    (0: no cap). Raises BenchInterrupted when the server went away."""
+
+    window = Window(role=role, concurrency=cap, start=time.perf_counter(), end=0.0, replica=client.url, block=block)
+    slots = asyncio.Semaphore(cap) if cap else None
+    stop = asyncio.Event()
+    lost = []
+    t0 = time.perf_counter()
+
+    async def one(k: int):
+        delay = t0 + offsets[k] - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        if stop.is_set():
+            return
+        _, item, max_tokens = plan[k]
+        if slots is not None:
+            async with slots:
+                rec, gone = await send_one(client, settings, role, cap, item, max_tokens)
+        else:
+            rec, gone = await send_one(client, settings, role, cap, item, max_tokens)
+        if gone is not None:
+            lost.append(gone)
+            stop.set()
+        window.requests.append(rec)
+        if on_done:
+            on_done()
+
+    await run_all(one(k) for k in range(len(plan)))
+    window.end = time.perf_counter()
+    window.requests.sort(key=lambda r: r.start)
+    if lost:
+        window.interrupted = str(lost[0]).splitlines()[0]
+        raise BenchInterrupted([window], lost[0])
+    return window
+
+
+async def _on_replicas(clients, settings, role, cap, plan, offsets, on_done, block) -> list:
+    return await gather_windows(_run_open_block(c, settings, role, cap, plan, offsets, on_done, block)
+                                for c in clients)
+
+
+async def run_open_levels(clients, settings: BenchSettings, prompts: list[PromptItem],
+                          plan: Callable[[int, int], list], levels: list[LevelResult],
+                          tick: Callable[[], None], label: list[str]) -> None:
+    """Every open-loop level, each as two ABBA blocks; appends to ``levels`` as it goes (so an
+    interruption keeps what ran)."""
+
+    roles = list(settings.roles)
+    cap = settings.max_concurrency or 0
+    urls = [c.url for c in clients]
+    specs: list[tuple[float | None, list, list[float]]] = []
+    for k, rate in enumerate(settings.request_rates or ()):
+        n = settings.requests or max(2, int(math.ceil(rate * (settings.duration_s or 0)))) \
+            if not math.isinf(rate) else settings.requests or 2
+        p = plan(0, n)
+        specs.append((rate, p, arrival_offsets(n, rate, settings.burstiness, settings.arrival_seed, k)))
+    if settings.schedule is not None:
+        p = []
+        for i, row in enumerate(settings.schedule):
+            _, item, max_tokens = plan(i, 1)[0]
+            if row.text is not None:
+                item = PromptItem(i, row.text, len(row.text), "chars")
+            p.append((i, item, row.output_length or max_tokens))
+        specs.append((None, p, [r.timestamp_s for r in settings.schedule]))
+    block_no = 0
+    for rate, p, offsets in specs:
+        lv = LevelResult(cap, [], request_rate=rate, schedule=rate is None)
+        levels.append(lv)
+        half = (len(p) + 1) // 2
+        for part in (slice(0, half), slice(half, None)):
+            bp, bo = p[part], offsets[part]
+            if not bp:
+                continue
+            bo = [t - bo[0] for t in bo]  # each block starts with its first arrival
+            order = roles if block_no % 2 == 0 else roles[::-1]
+            for role in order:
+                label[0] = f"{lv.load} {role}"
+                try:
+                    lv.windows += await _on_replicas(clients, settings, role, cap, bp, bo, tick, block_no)
+                except BenchInterrupted as e:
+                    lv.windows += e.windows
+                    raise
+            block_no += 1
+        check_level(lv, settings, urls)
+
+
 async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts: list[PromptItem],
                       settings: BenchSettings, *, prompt_source: str = "",
                       progress: Progress | None = None) -> BenchResult:
@@ -441,8 +570,6 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
                 await _run_replicas(clients, settings, role, c, plan(0, settings.warmup), tick, 0, -1)
         block_no = 0
         if settings.open_loop:
-            from trtspec.client.openloop import run_open_levels  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
-
             c = settings.max_concurrency or 0
             await run_open_levels(clients, settings, prompts, plan, levels, tick, label)
         for c in (settings.concurrency if not settings.open_loop else ()):
@@ -483,8 +610,6 @@ def output_len(settings: BenchSettings, i: int) -> int:
     """max_tokens of request ``i``: the list cycled, or a draw from normal(output_lens[0], stddev)
     seeded by the request's index (the same for both models)."""
     if settings.output_len_stddev > 0:
-        from trtspec.client.openloop import synthetic_length  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
-
         return synthetic_length(settings.output_lens[0], settings.output_len_stddev, settings.arrival_seed, "osl", i)
     return settings.output_lens[i % len(settings.output_lens)]
 
@@ -499,8 +624,6 @@ def _shapes(prompts: Sequence[str], settings: BenchSettings) -> tuple[list[str],
         lens = tuple(r.input_length or mean or len(prompts[i]) for i, r in enumerate(settings.schedule))
         return prompts, lens
     if settings.prompt_len_stddev > 0 and settings.prompt_lens:
-        from trtspec.client.openloop import synthetic_length  # lazy: trtspec.client.openloop imports the package trtspec.client, whose __init__ imports this module
-
         return prompts, tuple(synthetic_length(settings.prompt_lens[0], settings.prompt_len_stddev,
                                                settings.arrival_seed, "isl", i) for i in range(len(prompts)))
     return prompts, settings.prompt_lens

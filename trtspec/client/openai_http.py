@@ -19,7 +19,7 @@ import ssl
 import time
 from typing import Any, AsyncIterator, Mapping, Sequence
 
-from trtspec.client.client import SPECULATIVE_MODEL, ModelInfo, OnChunk, load_tokenizer, stream_chunks
+from trtspec.client.base import SPECULATIVE_MODEL, ModelInfo, OnChunk, load_tokenizer, stream_chunks
 from trtspec.client.errors import (
     AuthRejected,
     InferenceFailed,

@@ -174,22 +174,6 @@ def parse_headers(values) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
-def open_client(url: str, *, options: ClientOptions | None = None, **kwargs):
-    """The async client for ``url``'s scheme: :class:`AsyncLLMClient` (gRPC) or
-    :class:`AsyncOpenAIClient` (OpenAI-compatible HTTP); ``kwargs`` go to its constructor
-    (``tokenizer``, ``timeout_s``, ``retries``, ...)."""
-    target = parse_target(url)
-    options = options or ClientOptions()
-    options.check(target)
-    if target.kind == "grpc":
-        from trtspec.client.client import AsyncLLMClient  # lazy: trtspec.client.client imports the package trtspec.client, whose __init__ imports this module
-
-        return AsyncLLMClient(url, options=options, **kwargs)
-    from trtspec.client.openai_http import AsyncOpenAIClient  # lazy: trtspec.client.openai_http imports the package trtspec.client, whose __init__ imports this module
-
-    return AsyncOpenAIClient(url, options=options, **kwargs)
-
-
 async def speaks_tls(host: str, port: int, timeout_s: float = 2.0) -> bool:
     """Does the server at host:port complete a TLS handshake (certificate not checked)? Tells a
     plaintext client that its connection was dropped because the server expects TLS."""

@@ -20,8 +20,6 @@ GPU_ARCHS = ("any", "ampere", "ada", "hopper", "blackwell")
 # GPU families that have FP8 tensor cores (Ada = sm89, Hopper = sm90, Blackwell = sm100+)
 FP8_ARCHS = ("ada", "hopper", "blackwell")
 
-# the backend name trtspec registers for NVFP4 fake-quant on CPU (see trtspec.quantize.nvfp4_cpu)
-NVFP4_CPU_BACKEND = "trtspec_nvfp4_cpu"
 
 
 @dataclass(frozen=True)
@@ -103,7 +101,7 @@ def modelopt_config(fmt: str, kv_cache: str = "none", *, nvfp4_cpu: bool = False
         for rule in cfg["quant_cfg"]:
             c = rule.get("cfg")
             if isinstance(c, dict) and (c.get("block_sizes") or {}).get("type") == "dynamic":
-                c["backend"] = NVFP4_CPU_BACKEND
+                c["backend"] = backend.NVFP4_CPU_BACKEND
     if check_kv_cache(kv_cache) != "none":
         cfg["quant_cfg"] = list(cfg["quant_cfg"]) + copy.deepcopy(KV_CACHE[kv_cache])
     if check_lm_head(lm_head) != "none":

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import torch
 
-from trtspec.quantize.formats import NVFP4_CPU_BACKEND
-
+# the backend name trtspec registers for NVFP4 fake-quant on CPU (formats.modelopt_config writes it
+# into the NVFP4 rules; defined here so that this module imports nothing of formats)
+NVFP4_CPU_BACKEND = "trtspec_nvfp4_cpu"
 E2M1_MAX = 6.0
 E4M3_MAX = 448.0
 

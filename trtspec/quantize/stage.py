@@ -39,6 +39,7 @@ import torch
 from trtspec.config import Calibration, ModelSpec, Quantization
 from trtspec.errors import ConfigError, ModelError, StageError
 from trtspec.manifest import atomic_dir, hash_folder, hash_json, maybe_manifest, write_manifest
+from trtspec.quantize import eagle3_head
 from trtspec.quantize.calib import calibration_windows, heldout_prompts, heldout_windows
 from trtspec.quantize.formats import (
     EXPORTS,
@@ -51,6 +52,7 @@ from trtspec.quantize.formats import (
     modelopt_config,
 )
 from trtspec.quantize.quality import QualitySettings, acceptance, compare_logits
+from trtspec.quantize.runtime import causal_lm_from_quantized, prepare_modelopt, quiet, save_state
 from trtspec.speculative.model import SUPPORTED_ARCHS, ModelArgs, load_causal_lm, read_hf_config
 from trtspec import calib_sources as sources
 
@@ -211,8 +213,6 @@ def _export(qmodel, export: str, tmp: pathlib.Path, *, model_dir: pathlib.Path, 
         info["tensor_parallel"] = info["pipeline_parallel"] = 1
         info["consumers"] = ["trtllm-build --checkpoint_dir (TRT-LLM <= 1.2 engine flow)"]
     else:
-        from trtspec.quantize.runtime import save_state  # lazy: trtspec.quantize.runtime imports the package trtspec.quantize, whose __init__ imports this module
-
         save_state(qmodel, tmp)
         for name in ("config.json", "generation_config.json"):
             if (model_dir / name).is_file():
@@ -351,8 +351,6 @@ def quantize_model(
     work = (_HeadWork if is_head else _ModelWork)(model_dir, pair_dir, tok_dir, DTYPES[dtype], dev, log)
     work.cal = quantization.calibration  # the quality report evaluates on the same source's held-out text
     try:
-        from trtspec.quantize.runtime import prepare_modelopt, quiet  # lazy: trtspec.quantize.runtime imports the package trtspec.quantize, whose __init__ imports this module
-
         def phase(name: str, t0: float) -> None:
             timings[name] = round(time.perf_counter() - t0, 2)
 
@@ -473,8 +471,6 @@ class _ModelWork:
         return _export(self.q, export, tmp, model_dir=self.model_dir, arch=arch, dtype=dtype)
 
     def quality(self, role: str, s: QualitySettings, progress) -> dict:
-        from trtspec.quantize.runtime import causal_lm_from_quantized, quiet  # lazy: trtspec.quantize.runtime imports the package trtspec.quantize, whose __init__ imports this module
-
         cfg = read_hf_config(self.model_dir)
         base = load_causal_lm(self.model_dir, dtype=self.dtype, device=self.dev)
         quant = causal_lm_from_quantized(self.q, ModelArgs.from_hf_config(cfg)).to(self.dev)
@@ -509,20 +505,14 @@ class _HeadWork:
     def load(self) -> None:
         from transformers import AutoTokenizer
 
-        from trtspec.quantize import eagle3_head  # lazy: trtspec.quantize.eagle3_head imports the package trtspec.quantize, whose __init__ imports this module
-
         self.tok = AutoTokenizer.from_pretrained(str(self.tok_dir))
         self.target = load_causal_lm(self.pair_dir, dtype=self.dtype, device=self.dev)
         self.head = eagle3_head.load_head(self.model_dir, self.target, self.dtype, self.dev)
 
     def calibrate(self, qcfg: dict, ids: torch.Tensor, progress) -> None:
-        from trtspec.quantize import eagle3_head  # lazy: trtspec.quantize.eagle3_head imports the package trtspec.quantize, whose __init__ imports this module
-
         self.q = eagle3_head.calibrate(self.head, self.target, qcfg, ids, CALIB_BATCH, progress)
 
     def export(self, export: str, tmp: pathlib.Path, *, arch: str, dtype: str) -> dict:
-        from trtspec.quantize import eagle3_head  # lazy: trtspec.quantize.eagle3_head imports the package trtspec.quantize, whose __init__ imports this module
-
         fn = {"hf": eagle3_head.export_hf, "torch": eagle3_head.export_torch}[export]
         info = fn(self.q, tmp, self.model_dir)
         src = maybe_manifest(self.model_dir) or {}
@@ -531,9 +521,6 @@ class _HeadWork:
         return info
 
     def quality(self, role: str, s: QualitySettings, progress) -> dict:
-        from trtspec.quantize import eagle3_head  # lazy: trtspec.quantize.eagle3_head imports the package trtspec.quantize, whose __init__ imports this module
-        from trtspec.quantize.runtime import quiet  # lazy: trtspec.quantize.runtime imports the package trtspec.quantize, whose __init__ imports this module
-
         base = eagle3_head.load_head(self.model_dir, self.target, self.dtype, self.dev)
         quant = eagle3_head.head_from_quantized(self.q, self.target, self.model_dir)
         with quiet(self.log):

@@ -12,7 +12,8 @@ import math
 import pathlib
 
 from trtspec.client.loadgen import BenchResult
-from trtspec.validate.plots import COLORS, LABELS, _plt
+from trtspec.validate.plot_style import COLORS, LABELS
+from trtspec.validate.plot_style import pyplot as _plt
 
 
 def _x_labels(levels: list[dict]) -> list[str]:

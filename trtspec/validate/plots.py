@@ -11,18 +11,9 @@ import pathlib
 
 from trtspec.client.loadgen import BenchResult
 from trtspec.client.metrics import OUTPUT_LEN_EDGES, bucket_order
-
-COLORS = {"baseline": "#1f77b4", "speculative": "#ff7f0e"}
-LABELS = {"baseline": "baseline", "speculative": "speculative"}
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+from trtspec.validate.load_plots import speedup_by_load
+from trtspec.validate.plot_style import COLORS, LABELS
+from trtspec.validate.plot_style import pyplot as _plt
 
 
 def _ecdf(ax, values: list[float], role: str, scale: float = 1e3) -> None:
@@ -234,8 +225,6 @@ def bench_plots(bench: BenchResult, out: pathlib.Path, *, min_speedup: float | N
                 at_concurrency: int | None = None, max_draft_len: int | None = None) -> dict[str, str]:
     out.mkdir(parents=True, exist_ok=True)
     if bench.settings.open_loop:
-        from trtspec.validate.load_plots import speedup_by_load  # lazy: trtspec.validate.load_plots imports the package trtspec.validate, whose __init__ imports this module
-
         load = {"speedup_by_load": speedup_by_load(bench, out / "speedup_by_load.png")}
     else:
         load = {"speedup_by_concurrency": speedup_by_concurrency(bench, out / "speedup_by_concurrency.png",

@@ -22,7 +22,8 @@ from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMCli
 from trtspec.client.errors import ServerUnavailable
 from trtspec.client.loadgen import BenchResult, BenchSettings, bench_async, shape_prompts
 from trtspec.client.metrics import acceptance_summary
-from trtspec.client.targets import ClientOptions, open_client
+from trtspec.client.connect import open_client
+from trtspec.client.targets import ClientOptions
 from trtspec.client.types import Sampling
 from trtspec.validate.equivalence import EquivalenceResult, SampledResult, greedy_equivalence, sampled_check
 from trtspec.validate.gates import Verdict, evaluate
