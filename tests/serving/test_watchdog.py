@@ -71,6 +71,12 @@ def test_settings_are_checked():
         WatchdogSettings(load_timeout_s=0)
     with pytest.raises(ConfigError, match="watchdog.max_reloads"):
         WatchdogSettings(max_reloads=0)
+    with pytest.raises(ConfigError, match="watchdog.probe_failures"):
+        WatchdogSettings(probe_failures=0)
+    with pytest.raises(ConfigError, match="watchdog.health_every_s"):
+        WatchdogSettings(health_every_s=0)
+    with pytest.raises(ConfigError, match="watchdog.health_timeout_s"):
+        WatchdogSettings(health_timeout_s=0)
 
 
 def test_a_killed_stub_is_reloaded_logged_and_counted(tmp_path):
@@ -191,7 +197,7 @@ def test_cli_serve_reports_watchdog_events(tmp_path):
     model(tmp_path / "repo", "echo")
     trtspec = pathlib.Path(sys.executable).parent / "trtspec"
     proc = subprocess.Popen([str(trtspec), "serve", str(tmp_path / "repo"), "--json", "--ready-timeout", "60",
-                             "--probe-every", "0"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--probe-every", "0", "--probe-timeout", "5", "--probe-failures", "2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         endpoints = json.loads(proc.stdout.readline())
         assert endpoints["watchdog"] is True

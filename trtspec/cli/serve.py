@@ -36,6 +36,11 @@ from trtspec.cli.common import err, handle_errors, out
               help="Do not watch the models (no reload of a model whose python stub died; docs/reliability.md).")
 @click.option("--probe-every", type=click.FloatRange(min=0), default=30.0, show_default=True,
               help="Seconds between the watchdog's one-token probes of the entry points; 0 = no probes.")
+@click.option("--probe-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds a probe (and, at most 10, a health check) may wait for its answer.")
+@click.option("--probe-failures", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Failed probes of an entry point in a row before the watchdog kills its stopped stubs and "
+                   "reloads its models; failed health checks in a row before it stops the server (exit 1).")
 @click.option("--load-timeout", type=click.FloatRange(min=1), default=300.0, show_default=True,
               help="Seconds a watchdog reload may take before the server is stopped with an error.")
 @click.option("--ports", "port_preset", type=click.Choice(["free", "default"]), default=None,
@@ -65,6 +70,7 @@ from trtspec.cli.common import err, handle_errors, out
 @handle_errors
 def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | None, metrics_port: int | None,
           ready_timeout: float | None, as_json: bool, dry_run: bool, no_watchdog: bool, probe_every: float,
+          probe_timeout: float, probe_failures: int,
           load_timeout: float, port_preset: str | None, openai_port: int | None, chat_template: str | None,
           tls_cert: str | None, tls_key: str | None, tls_ca: str | None, tls_server_ca: str | None,
           tls_server_name: str | None, require_header: str | None) -> None:
@@ -75,15 +81,21 @@ def serve(repo: str, host: str | None, grpc_port: int | None, http_port: int | N
     TRT-LLM engines over several GPUs run as MPI ranks, as NVIDIA's launch_triton_server.py
     starts them (runtime.trtllm.launch_mode; docs/scaleout.md).
 
-    A watchdog reloads a model whose python stub died (Triton 2.51 leaves it READY but failing),
-    logs it and counts it on /metrics (trtspec_watchdog_*); a reload that fails or hangs stops
-    the server with an error (exit 1). Single-process servers only.
+    A watchdog reloads a model whose python stub died (Triton 2.51 leaves it READY but failing)
+    or, after --probe-failures failed probes in a row, the models of an entry point that answers
+    nothing (a stopped stub is killed first); it logs it and counts it on /metrics
+    (trtspec_watchdog_*). A reload that fails or hangs, and a server that answers no health check
+    --probe-failures times in a row, stop the server with an error (exit 1). Single-process
+    servers only.
     """
     if not dry_run:  # the python-backend models (router relay, tokenizers) run in the server's stubs
         require_extra("serve", ("numpy", "tritonclient", "tokenizers"), "trtspec serve")
     if (tls_cert is None) != (tls_key is None) or (tls_cert is None and (tls_ca or tls_server_ca or tls_server_name)):
         raise click.UsageError("--tls-cert and --tls-key go together (and the other --tls-* options need them)")
     watchdog = None if no_watchdog else WatchdogSettings(probe_every_s=probe_every or None,
+                                                         probe_timeout_s=probe_timeout,
+                                                         probe_failures=probe_failures,
+                                                         health_timeout_s=min(probe_timeout, 10.0),
                                                          load_timeout_s=load_timeout)
     if port_preset is not None:  # Triton's own defaults, or 0 = free; explicit ports win
         preset = (8001, 8000, 8002) if port_preset == "default" else (0, 0, 0)
@@ -158,7 +170,8 @@ def _serve_until_stopped(server, repo: str, signals, as_json: bool, openai_port:
                 out.print(f"  models   {models['speculative']} (speculative path), {models['baseline']} (baseline)")
             out.print(f"  log      {server.log_path}")
             if server.watchdog is not None:
-                out.print("  watchdog reloads models whose python stub died (trtspec_watchdog_* on /metrics)")
+                out.print("  watchdog reloads models whose python stub died or that stop answering "
+                          "(trtspec_watchdog_* on /metrics)")
             out.print("[dim]Ctrl-C to stop[/]")
         server.serve_forever(signals)
         err.print("stopping (draining in-flight requests) ...")

@@ -97,6 +97,17 @@ def workers_of(stub_pid: int | None = None) -> list[int]:
     return [pid for pid, cmdline in _live_children(stub_pid) if WORKER_MODULE in cmdline.split(b"\0")]
 
 
+def state(pid: int) -> str | None:
+    """A process's state letter from ``/proc/<pid>/stat`` (R, S, D, T, t, Z, ...), or None if it is gone."""
+    st = _stat(str(pid))
+    return st[0] if st is not None else None
+
+
+def stopped(pid: int) -> bool:
+    """Whether ``pid`` is stopped (SIGSTOP, SIGTSTP, a debugger): alive, but it never answers."""
+    return state(pid) in ("T", "t")
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead but not yet reaped, is not alive)."""
     st = _stat(str(pid))

@@ -567,7 +567,8 @@ class TritonServer:
         that arrives between readiness and this call is not lost (``trtspec serve``); without it
         the handlers are installed here. A server that exits by itself meanwhile is an error, with
         the reason from its log, and so is a watchdog that gave up (a reload that failed or timed
-        out, a crash loop). Signal handlers can only be installed from the main thread.
+        out, a crash loop, a server that answers no health check). Signal handlers can only be
+        installed from the main thread.
         """
         with contextlib.ExitStack() as stack:
             if signals is None:

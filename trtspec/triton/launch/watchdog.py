@@ -8,8 +8,18 @@ two ways:
 * **stub liveness** (every ``interval_s``): the stub processes of every python model, read from
   ``/proc`` (``procs``); an instance whose stub is gone makes its model unhealthy at once;
 * **an end-to-end probe** (every ``probe_every_s``, off with None): a one-token request to each
-  entry point (``ensemble``, ``ensemble_baseline``) over a gRPC stream; an answer naming a
-  stub that "is not healthy" makes that model unhealthy, any other failure is counted.
+  entry point (``ensemble``, ``ensemble_baseline``) over a gRPC stream, all at once; an answer
+  naming a stub that "is not healthy" makes that model unhealthy. Any other failure (no answer
+  within ``probe_timeout_s``, an error) is counted, and an entry point that fails
+  ``probe_failures`` probes in a row is acted on: the python models on its path (an ensemble's
+  steps and what they call, transitively) whose stub is stopped (``/proc`` state T: alive, but it
+  never answers; a dead one is already seen by the liveness check) are SIGKILLed, so that the
+  requests they hold end, and reloaded. When no stub there is stopped or gone, which model hangs
+  cannot be told: every python model on the path that no answering entry point uses is reloaded,
+  and its old stubs still alive ``drain_s`` after the reload are killed. A streak of "queue full"
+  answers only (an overloaded server) kills stopped stubs but reloads nothing else;
+* **server health** (every ``health_every_s``): gRPC ``ServerLive``; ``probe_failures`` checks in
+  a row without an answer within ``health_timeout_s`` is a hung server: a :class:`ServerError`.
 
 A model that calls others over BLS (the router calls the engines) takes them along: when the
 caller's stub dies in the middle of a request, the callee's next response to it blocks the
@@ -43,6 +53,7 @@ server asks for one (``serving.require_header``). HTTP may be off or loopback-on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -58,7 +69,7 @@ import numpy as np
 
 from trtspec.errors import ConfigError, ServerError
 from trtspec.triton.access import SECRET_INPUT, InternalClient, grpc_headers
-from trtspec.triton.procs import alive, instance_model, is_instance_of, stubs_of
+from trtspec.triton.procs import alive, instance_model, is_instance_of, stopped, stubs_of, workers_of
 
 # the model that counts watchdog events on /metrics (templates/trtspec_watchdog; the launcher loads it)
 WATCHDOG_MODEL = "trtspec_watchdog"
@@ -74,31 +85,42 @@ log = logging.getLogger("trtspec.watchdog")
 
 RELOAD_PARAMETER = "trtspec_reload"
 _NOT_HEALTHY = re.compile(r"Stub process '([^']+)' is not healthy")
+# the server turned a request away unserved (trtspec.client.errors.classify: ServerBusy)
+_BUSY = re.compile(r"queue full|exceeds maximum queue size|request timeout expired", re.I)
 
 
 @dataclass(frozen=True)
 class WatchdogSettings:
     interval_s: float = 1.0  # stub liveness check
     probe_every_s: float | None = 30.0  # end-to-end probe of the entry points; None: off
-    probe_timeout_s: float = 60.0
+    probe_timeout_s: float = 30.0  # a probe that gets no answer within this is a failed probe
+    probe_failures: int = 3  # failed probes (or health checks) in a row before the watchdog acts
+    health_every_s: float | None = 5.0  # server liveness (gRPC ServerLive); None: off
+    health_timeout_s: float = 10.0
     load_timeout_s: float = 300.0  # one reload; a stub that cannot start hangs loading forever
     max_reloads: int = 3  # per model within reload_window_s; more is a crash loop
     reload_window_s: float = 600.0
     drain_s: float = 10.0  # a reloaded callee's old instance may finish its requests this long
 
     def __post_init__(self):
-        for name in ("interval_s", "probe_timeout_s", "load_timeout_s", "reload_window_s", "drain_s"):
+        for name in ("interval_s", "probe_timeout_s", "load_timeout_s", "reload_window_s", "drain_s",
+                     "health_timeout_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"watchdog.{name}", getattr(self, name), "must be > 0")
         if self.probe_every_s is not None and self.probe_every_s <= 0:
             raise ConfigError("watchdog.probe_every_s", self.probe_every_s, "must be > 0, or None for no probe")
+        if self.health_every_s is not None and self.health_every_s <= 0:
+            raise ConfigError("watchdog.health_every_s", self.health_every_s, "must be > 0, or None for no check")
+        if self.probe_failures < 1:
+            raise ConfigError("watchdog.probe_failures", self.probe_failures, "must be >= 1")
         if self.max_reloads < 1:
             raise ConfigError("watchdog.max_reloads", self.max_reloads, "must be >= 1")
 
 
 @dataclass(frozen=True)
 class WatchdogEvent:
-    kind: str  # "unhealthy" | "reloaded" | "killed_stuck" | "reload_failed" | "probe_failed" | "gave_up"
+    # "unhealthy" | "reloaded" | "killed_stuck" | "reload_failed" | "probe_failed" | "health_failed" | "gave_up"
+    kind: str
     model: str | None
     detail: str
     seconds: float | None = None  # reloaded: detection → loaded again
@@ -130,17 +152,24 @@ class Watchdog:
         self.error: ServerError | None = None
         self.expected: dict[str, set[str]] = {}  # model → instance names with a stub
         self.callees: dict[str, set[str]] = {}  # model → models it calls (BLS)
+        self.paths: dict[str, set[str]] = {}  # entry point → the python models a request to it passes
+        self._failures: dict[str, list[str]] = {}  # entry point → its failed probes in a row (the errors)
+        self._health_failures = 0
+        self._server_answers = True
+        self._drain: set[str] = set()  # reloaded without a known cause: old stubs killed after drain_s
         self._reloads: dict[str, list[float]] = {}
         self._generation = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_probe = time.monotonic()
+        self._last_health = time.monotonic()
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> "Watchdog":
         self.expected = self._instances()
         self.callees = self._callees()
+        self.paths = self._paths()
         self._report("declare", ",".join(sorted(set(self.expected) | set(self.entry_points))))
         self._thread = threading.Thread(target=self._loop, name="trtspec-watchdog", daemon=True)
         self._thread.start()
@@ -177,6 +206,28 @@ class Watchdog:
                 out[model] = called
         return out
 
+    def _paths(self) -> dict[str, set[str]]:
+        """Each entry point's python models: an ensemble's steps, what they call, transitively."""
+        out: dict[str, set[str]] = {}
+        for entry in self.entry_points:
+            seen: set[str] = set()
+            todo = [entry]
+            while todo:
+                model = todo.pop()
+                if model in seen:
+                    continue
+                seen.add(model)
+                todo += sorted(self.callees.get(model, ()))
+                if model not in self.expected:  # no stub: an ensemble, whose steps are the path
+                    try:
+                        cfg = self.admin.config(model)
+                    except Exception:  # noqa: BLE001 - then its path is unknown (nothing to reload)
+                        continue
+                    todo += [step["model_name"] for step in (cfg.get("ensemble_scheduling") or {}).get("step", ())
+                             if step.get("model_name")]
+            out[entry] = seen & set(self.expected)
+        return out
+
     def _loop(self) -> None:
         while not self._stop.wait(self.settings.interval_s):
             try:
@@ -192,7 +243,9 @@ class Watchdog:
 
     def check(self) -> list[str]:
         """One round: stub liveness, then the probe when due; reloads what is unhealthy.
-        Returns the models reloaded."""
+        Returns the models reloaded. Raises ServerError when the server no longer answers."""
+        if not self.server_answers():
+            return []  # a reload would hang too: the health check decides
         unhealthy = self.dead_stubs()
         if self.settings.probe_every_s is not None and \
                 time.monotonic() - self._last_probe >= self.settings.probe_every_s:
@@ -202,19 +255,53 @@ class Watchdog:
         order: list[str] = []
         for model, why in unhealthy.items():
             self._emit(WatchdogEvent("unhealthy", model, why))
+            self._kill_stopped(model, "(Triton calls a stopped stub not healthy, and waits on it for good)")
             for callee in sorted(self.callees.get(model, ())):
                 if callee not in unhealthy and callee not in order:
                     self._emit(WatchdogEvent("unhealthy", callee, f"its caller {model} died: a response it sends "
                                                                   "to the dead caller blocks it"))
                     order.append(callee)
-        callees = list(order)
+        # callees, and the models reloaded without a known cause, may have old instances that hold
+        # requests for good: killed after drain_s
+        drain = order + sorted(m for m in self._drain if m in unhealthy and m not in order)
+        self._drain.clear()
         order += [m for m in unhealthy if m not in order]
-        old = {m: {s.pid for s in stubs_of(self.server_pid) if is_instance_of(s.instance, m)} for m in callees}
+        old = {m: {s.pid for s in stubs_of(self.server_pid) if is_instance_of(s.instance, m)} for m in drain}
         for model in order:  # callees first: the new caller must not call a blocked one
             self.reload(model)
-        for model in callees:  # then the callees' old, possibly blocked, instances
+        for model in drain:  # then the old, possibly blocked, instances
             self._kill_stuck(model, old[model])
         return order
+
+    def server_answers(self) -> bool:
+        """The server health check, when due (else its last outcome). Raises ServerError after
+        ``probe_failures`` checks in a row without an answer: a hung server, to be restarted."""
+        every = self.settings.health_every_s
+        if every is None or time.monotonic() - self._last_health < every:
+            return self._server_answers
+        self._last_health = time.monotonic()
+        timeout = self.settings.health_timeout_s
+        try:
+            why = None if self.admin.live(timeout) else "it answered: not live"
+        except Exception as e:  # noqa: BLE001 - no answer, whatever the reason
+            why = _error(e)
+        if why is None:
+            self._health_failures, self._server_answers = 0, True
+            return True
+        self._server_answers = False
+        if not alive(self.server_pid):
+            return False  # it exited: the launcher (serve_forever) says why, from its log
+        self._health_failures += 1
+        n, limit = self._health_failures, self.settings.probe_failures
+        self._emit(WatchdogEvent("health_failed", None, f"tritonserver (pid {self.server_pid}) did not answer its "
+                                                        f"health check within {timeout:g} s ({n} of {limit} in a "
+                                                        f"row): {why}"))
+        if n >= limit:
+            raise ServerError(
+                f"watchdog: tritonserver (pid {self.server_pid}) answered no health check {n} times in a row "
+                f"({timeout:g} s each, {every:g} s apart): it is hung; the watchdog gives up",
+                fix="read the tritonserver log; the server is stopped so that it can be restarted")
+        return False
 
     def dead_stubs(self) -> dict[str, str]:
         live = {s.instance for s in stubs_of(self.server_pid)}
@@ -226,19 +313,97 @@ class Watchdog:
         return out
 
     def probe(self) -> dict[str, str]:
-        """One-token request to each entry point; {model: why} for models named unhealthy."""
-        out = {}
-        for entry in self.entry_points:
-            err = self._generate(entry)
+        """One-token request to each entry point, all at once; {model: why} for the models to
+        reload: one an answer names unhealthy, and those on the path of an entry point that failed
+        ``probe_failures`` probes in a row (:meth:`_unanswering`)."""
+        answers = self._probe_all()
+        answered = [entry for entry, err in answers.items() if err is None]
+        out: dict[str, str] = {}
+        for entry, err in answers.items():
             if err is None:
+                self._failures.pop(entry, None)
                 continue
             m = _NOT_HEALTHY.search(err)
             if m:
+                self._failures.pop(entry, None)
                 out.setdefault(instance_model(m.group(1)), f"probe of {entry}: {m.group(0)}")
-            else:
-                self._emit(WatchdogEvent("probe_failed", entry, err))
-                self._report("probe_failed", entry)
+                continue
+            streak = self._failures.setdefault(entry, [])
+            streak.append(err)
+            limit = self.settings.probe_failures
+            self._emit(WatchdogEvent("probe_failed", entry, f"{err} ({len(streak)} of {limit} in a row)"))
+            self._report("probe_failed", entry)
+            if len(streak) >= limit:
+                del self._failures[entry]
+                for model, why in self._unanswering(entry, streak, answered).items():
+                    out.setdefault(model, why)
         return out
+
+    def _probe_all(self) -> dict[str, str | None]:
+        """{entry point: None, or why its probe failed}; the probes run at once, each on a thread."""
+        answers: dict[str, str | None] = {}
+
+        def one(entry: str) -> None:
+            answers[entry] = self._generate(entry)
+
+        threads = [threading.Thread(target=one, args=(entry,), name=f"trtspec-probe-{entry}", daemon=True)
+                   for entry in self.entry_points]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + self.settings.probe_timeout_s + 30  # a config call of its own, a close
+        for t in threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return {entry: answers.get(entry, f"no answer within {self.settings.probe_timeout_s:g} s")
+                for entry in self.entry_points}
+
+    def _unanswering(self, entry: str, streak: list[str], answered: list[str]) -> dict[str, str]:
+        """What to reload for an entry point that failed ``probe_failures`` probes in a row:
+        {model: why}. Its python models whose stub is stopped are killed first (a stopped stub is
+        alive, so Triton waits on it for good: the requests it holds would never end, nor would its
+        old instance unload). With none stopped or gone, every model of its path that no answering
+        entry point uses (all of them if that leaves none), their old stubs killed after drain_s."""
+        head = f"{entry} failed {len(streak)} probes in a row (last: {streak[-1]})"
+        path = self.paths.get(entry, set())
+        killed = {model: self._kill_stopped(model, f"while {entry} answered nothing") for model in sorted(path)}
+        if any(killed.values()):
+            return {model: f"{head}; its stopped process(es) {pids} are killed" for model, pids in killed.items() if pids}
+        if not path:
+            log.warning("watchdog: %s; its models are unknown, nothing to reload", head)
+            return {}
+        if path & set(self.dead_stubs()):
+            return {}  # a stub died meanwhile: the liveness check reloads it at once
+        if all(_BUSY.search(err) for err in streak):
+            log.warning("watchdog: %s; the server turns requests away (queue full): overloaded, not stuck", head)
+            return {}
+        healthy = set().union(*(self.paths.get(a, set()) for a in answered))
+        models = (path - healthy) or path
+        self._drain |= models
+        return {m: f"{head}; no stub of its path is stopped or gone, so which one hangs cannot be told: every "
+                   f"python model on it{' that no answering entry point uses' if models != path else ''} is "
+                   "reloaded" for m in models}
+
+    def _kill_stopped(self, model: str, when: str) -> list[int]:
+        """SIGKILL ``model``'s stopped stubs (and stopped engine workers of its stubs); the pids
+        killed. A stopped stub is alive, so Triton waits on it for good (2.51 calls it "not
+        healthy", but the requests it holds never end and its old instance never unloads); a
+        stopped worker leaves its stub healthy and answering nothing. Killed, the router ends the
+        requests relayed to the dead engine with an error, and a stub whose worker died fails its
+        requests and exits."""
+        stubs = [s for s in stubs_of(self.server_pid) if s.model == model]
+        workers = {s.pid: [w for w in workers_of(s.pid) if stopped(w)] for s in stubs}
+        pids = sorted({s.pid for s in stubs if stopped(s.pid)} | {w for ws in workers.values() for w in ws})
+        if not pids:
+            return []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._emit(WatchdogEvent("killed_stuck", model, f"process(es) {pids} of its stub(s) were stopped (state T) "
+                                                        f"{when}: killed, so that the requests they held end"))
+        exiting = [stub for stub, ws in workers.items() if ws]  # a stub whose worker died exits by itself
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and any(alive(p) for p in pids + exiting):
+            time.sleep(0.05)
+        return pids
 
     def _generate(self, entry: str) -> str | None:
         try:
@@ -403,6 +568,9 @@ class _Admin:
         finally:
             c.stop_stream(cancel_requests=True)
             c.close()
+
+    def live(self, timeout: float) -> bool:
+        return bool(self._c().is_server_live(headers=self._headers(), client_timeout=timeout))
 
     def close(self) -> None:
         with self._lock:
