@@ -160,7 +160,7 @@ def _over(param: str, value, limit: int, name: str, what: str, fix: str) -> APIE
 
 
 def default_limits() -> "RequestLimits":
-    from trtspec.triton.backend.requests import RequestLimits
+    from trtspec.triton.backend.requests import RequestLimits  # lazy: numpy (the core install has none)
 
     return RequestLimits()
 
@@ -1075,7 +1075,7 @@ class OpenAIRelay:
 def limits_of_repository(repo: str) -> "RequestLimits":
     """The request limits of a repository's recipe (``limits:`` in its ``trtspec.json``); a key the
     recipe lacks takes the default."""
-    from trtspec.triton.backend.requests import RequestLimits
+    from trtspec.triton.backend.requests import RequestLimits  # lazy: numpy (the core install has none)
 
     m = read_repository_manifest(repo) or {}
     return RequestLimits.from_recipe(dict((m.get("recipe") or {}).get("limits") or {}))
