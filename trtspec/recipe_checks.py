@@ -14,6 +14,8 @@ from trtspec import calib_sources
 from trtspec.config import ModelSpec, Recipe
 from trtspec.errors import ConfigError
 from trtspec.passthrough import recipe_warnings
+from trtspec.trtllm import accepted_names as A
+from trtspec.trtllm import llmapi
 
 
 @dataclass(frozen=True)
@@ -136,13 +138,9 @@ def trtllm_name_lines(recipe: Recipe) -> list[Line]:
     llm_args.py was not readable, so a name counts as confirmed when 1.2.1's quoted text has it or
     the 1.1/1.2.0rc-era and the pre-1.3 copies both accept it). ``fast-logits``: an engine-flow draft-target recipe with
     use_draft_logits whose launch mode leaves speculative_decoding_fast_logits off."""
-    from trtspec.trtllm import accepted_names as A
-
     lines: list[Line] = []
     t = recipe.runtime.trtllm
     if recipe.runtime.backend == "trtllm-pytorch":
-        from trtspec.trtllm import llmapi
-
         try:
             opts = llmapi.llm_api_options(recipe, model="<target>", speculative_model="<draft>")
         except ValueError:

@@ -141,7 +141,7 @@ def test_llmapi_layout(tmp_path):
     recipe, res, repo = _trtllm(tmp_path, "llama3.1-8b-eagle3-fp8-trtllm")
     spec = yaml.safe_load((repo / "tensorrt_llm" / "1" / "model.yaml").read_text())
     base = yaml.safe_load((repo / "tensorrt_llm_baseline" / "1" / "model.yaml").read_text())
-    assert spec["speculative_config"]["decoding_type"] == "Eagle3"
+    assert spec["speculative_config"]["decoding_type"] == "Eagle"  # EAGLE-3, spelled as both bracketing llm_args.py copies take it
     assert spec["speculative_config"]["max_draft_len"] == recipe.speculation.max_draft_len
     assert "speculative_config" not in base and spec["model"] == base["model"]
     assert spec["triton_config"] == {"max_batch_size": recipe.limits.max_batch_size, "decoupled": True}
