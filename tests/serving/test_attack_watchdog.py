@@ -258,7 +258,7 @@ def _out_of_memory(deployment, reference):
     assert [m for k, m in kinds if k == "reloaded"][-1] == "router", kinds  # callees first
     assert not any(k in ("reload_failed", "gave_up") for k, _ in kinds), kinds
     report(fault="router stub out of memory (RLIMIT_AS)", bound_s=BOUND_S, serving_again_s=round(serving_s, 1),
-           in_flight_ended_s=round(ended_s, 1), **figures)
+           in_flight_ended_s=round(ended_s, 1), in_flight=str(out["result"])[:200], **figures)
 
 
 def test_a_hung_server_ends_serving_with_an_error(tmp_path):

@@ -265,6 +265,9 @@ class Watchdog:
         # requests for good: killed after drain_s
         drain = order + sorted(m for m in self._drain if m in unhealthy and m not in order)
         self._drain.clear()
+        # an unhealthy model that an unhealthy caller calls goes before that caller too
+        called = {c for m in unhealthy for c in self.callees.get(m, ())}
+        order += sorted(m for m in unhealthy if m in called and m not in order)
         order += [m for m in unhealthy if m not in order]
         old = {m: {s.pid for s in stubs_of(self.server_pid) if is_instance_of(s.instance, m)} for m in drain}
         for model in order:  # callees first: the new caller must not call a blocked one
@@ -380,7 +383,7 @@ class Watchdog:
         self._drain |= models
         return {m: f"{head}; no stub of its path is stopped or gone, so which one hangs cannot be told: every "
                    f"python model on it{' that no answering entry point uses' if models != path else ''} is "
-                   "reloaded" for m in models}
+                   "reloaded" for m in sorted(models)}
 
     def _kill_stopped(self, model: str, when: str) -> list[int]:
         """SIGKILL ``model``'s stopped stubs (and stopped engine workers of its stubs); the pids
