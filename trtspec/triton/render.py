@@ -342,12 +342,16 @@ def plan_repository(inp: ServingInputs) -> list[ModelPlan]:
         _ensemble("ensemble_baseline", inp, "router_baseline"),
         *engines,
     ]
-    limits = (inp.request_limits or RequestLimits(max_input_len=inp.max_input_len, max_seq_len=inp.max_seq_len,
-                                                  max_prompt_bytes=inp.max_prompt_bytes)).to_json()
     for plan in plans:  # every python model checks each request against the deployment's limits
         if plan.template in PYTHON_TEMPLATES:
-            plan.values["request_limits"] = limits
+            plan.values.setdefault("request_limits", limits_json(inp))
     return plans
+
+
+def limits_json(inp: ServingInputs) -> str:
+    """The ``request_limits`` parameter of a python model (trtspec.limits.RequestLimits as JSON)."""
+    return (inp.request_limits or RequestLimits(max_input_len=inp.max_input_len, max_seq_len=inp.max_seq_len,
+                                                max_prompt_bytes=inp.max_prompt_bytes)).to_json()
 
 
 # the templates whose model is trtspec's python code (the others: Triton's ensemble, NVIDIA's C++ backend)
@@ -390,6 +394,7 @@ def _ensemble(name: str, inp: ServingInputs, router: str) -> ModelPlan:
 def torch_engine_plan(name: str, inp: ServingInputs, spec, served_by: str) -> ModelPlan:
     """A torch-runtime generation model serving ``spec`` (a RuntimeSpec) under ``name``."""
     return ModelPlan(name, "tensorrt_llm/torch", {
+        "request_limits": limits_json(inp),
         "model_name": name,
         "max_batch_size": inp.max_batch_size,
         "served_by": served_by,
@@ -444,6 +449,7 @@ def rounds_plan(inp: ServingInputs, target: str, draft: str, num_draft_tokens: i
     """``trtspec_draft_target``: token-level draft-target rounds over the generation models
     ``draft`` and ``target`` (the engine flow's speculative model, behind the router)."""
     return ModelPlan("trtspec_draft_target", "trtspec_draft_target", {
+        "request_limits": limits_json(inp),
         "max_batch_size": inp.max_batch_size,
         "tensorrt_llm_model_name": target,
         "tensorrt_llm_draft_model_name": draft,
@@ -456,6 +462,7 @@ def text_bls_plan(inp: ServingInputs, target: str, draft: str, plain_model: str,
     """``tensorrt_llm_bls``: NVIDIA's text-level BLS; ``num_draft_tokens`` rounds over ``draft`` and
     ``target``, other requests relayed to the text ensemble ``plain_model`` (over ``target``)."""
     return ModelPlan("tensorrt_llm_bls", "tensorrt_llm_bls", {
+        "request_limits": limits_json(inp),
         "max_batch_size": inp.max_batch_size,
         "tensorrt_llm_model_name": target,
         "tensorrt_llm_draft_model_name": draft,
