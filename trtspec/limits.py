@@ -45,20 +45,19 @@ class RequestLimits:
     max_concurrent_requests: int = 64
 
     @classmethod
+    def _of(cls, d: dict, **overrides) -> "RequestLimits":
+        """The fields of ``d`` this class has (a recipe's limits also hold parallel sizes...)."""
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__}, **overrides)
+
+    @classmethod
     def from_recipe(cls, limits, vocab_size: int | None = None) -> "RequestLimits":
         """From a recipe's :class:`~trtspec.config.Limits` (or a dict of its fields)."""
-        d = limits if isinstance(limits, dict) else limits.model_dump()
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names}, vocab_size=vocab_size)
+        return cls._of(limits if isinstance(limits, dict) else limits.model_dump(), vocab_size=vocab_size)
 
     @classmethod
     def from_json(cls, text: str | None) -> "RequestLimits":
         """The ``request_limits`` model parameter (absent or empty: the defaults)."""
-        if not text:
-            return cls()
-        d = json.loads(text)
-        names = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in d.items() if k in names})
+        return cls._of(json.loads(text)) if text else cls()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True, separators=(",", ":"))

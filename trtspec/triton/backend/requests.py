@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import numpy as np
 
-from trtspec.limits import SEQUENCE_INPUTS, RequestInputError, RequestLimits  # noqa: F401 - re-exported
+from trtspec.limits import SEQUENCE_INPUTS, Get, RequestInputError, RequestLimits  # noqa: F401 - re-exported
 from trtspec.sampling import Sampling, SamplingError
 from trtspec.triton.contract import DEFAULT_ONLY, REJECTED
 
@@ -44,11 +43,6 @@ class GenerationRequest:
         """The sampling of returned sequence ``i``: a seeded request gets seeds seed, seed+1, …"""
         s = self.sampling
         return s if i == 0 or s.seed is None else replace(s, seed=s.seed + i)
-
-
-Get = Callable[[str], "np.ndarray | None"]
-
-
 
 
 def _batch_of_one(get: Get, name: str, required: bool, fix: str) -> "np.ndarray | None":
