@@ -418,7 +418,12 @@ def test_cli_help_and_error(tmp_path):
     r = CliRunner().invoke(main, ["models", "eagle3", "--help"])
     assert r.exit_code == 0 and "--trainer" in r.output and "--steps" in r.output
     r = CliRunner().invoke(main, ["models", "eagle3", "--target", str(tmp_path / "none"), "--out", str(tmp_path / "h")])
-    assert r.exit_code == 1 and "config.json" in r.output and "trtspec models tiny" in r.output
+    # a folder no trtspec command makes: the fix says what to put there, and names no wrong command
+    assert r.exit_code == 1 and "config.json" in r.output and "trtspec models tiny" not in r.output
+    # a tiny-pair folder: the fix names the command that makes it, with its --out
+    missing = tmp_path / "models" / "tiny-target"
+    r = CliRunner().invoke(main, ["models", "eagle3", "--target", str(missing), "--out", str(tmp_path / "h")])
+    assert r.exit_code == 1 and f"trtspec models tiny --out {tmp_path / 'models'}" in r.output, r.output
 
 
 def test_shipped_eagle3_recipe_passes_check_with_a_head(repo_root, tiny_target, head_dir, tmp_path):
