@@ -667,9 +667,13 @@ class Sampling(Strict):
 
 
 class Gates(Strict):
-    """Rollout gates: all must pass to deploy speculative; else keep the baseline."""
+    """Rollout gates: all must pass to deploy speculative; else keep the baseline (docs/validation.md).
 
-    min_speedup: float = Field(1.1, gt=0, description="speculative / baseline output tokens/s")
+    Speed and latency gates judge the 95 % interval over the interleaved blocks, on its
+    conservative side: the speedup's lower bound, the latency ratios' upper bounds."""
+
+    min_speedup: float = Field(1.1, gt=0, description="speculative / baseline output tokens/s at at_concurrency: "
+                               "the 95 % interval's lower bound must reach it")
     at_concurrency: int = Field(1, ge=1)
     max_mismatch_rate: float = Field(0.0, ge=0, le=1, description="greedy prompts allowed to differ")
     min_acceptance_rate: float = Field(0.3, ge=0, le=1)
@@ -680,13 +684,24 @@ class Validation(Strict):
     num_prompts: int = Field(16, ge=1, le=100_000)
     max_tokens: int = Field(64, ge=1, le=1_048_576)
     concurrency: list[int] = Field(default_factory=lambda: [1, 2, 4])
-    requests_per_level: int = Field(16, ge=1)
+    requests_per_level: int = Field(16, ge=1, description="requests per model and level measured at least")
+    max_requests_per_level: int | None = Field(
+        None, ge=1, description="request budget per model and level: more interleaved blocks run until the "
+        "speedup's 95 % interval is within interval_width, or this many requests ran (default 4 x requests_per_level)")
+    interval_width: float = Field(
+        0.10, gt=0, le=10, description="stop a level once the speedup's 95 % interval spans at most this fraction "
+        "of the speedup (0.10: about +-5 %)")
+    block_requests: int | None = Field(
+        None, ge=1, description="measured requests per model in one interleaved block (default max(8, 4 x concurrency))")
     warmup_requests: int = Field(2, ge=0)
     equivalence_tolerance: int = Field(
         0, ge=0, description="greedy prompts may differ from the baseline only after this many tokens (0 = exact)"
     )
     sampled_check_samples: int = Field(0, ge=0, description="samples per prompt for the sampled check")
     sampling: Sampling = Sampling()
+    latency_tolerance: float = Field(
+        0.10, ge=0, le=10, description="tail gates at every validated concurrency: speculative P95 and P99 request "
+        "latency, TTFT p95 and ITL p95 <= baseline x (1 + latency_tolerance), on the ratio's 95 % upper bound")
     gates: Gates = Gates()
 
     @field_validator("concurrency")
@@ -710,6 +725,20 @@ class Recipe(Strict):
     speculation: Speculation
     runtime: RuntimeConfig = RuntimeConfig()
     limits: Limits = Limits()
+    @model_validator(mode="after")
+    def _budget(self) -> "Validation":
+        if self.max_requests_per_level is not None and self.max_requests_per_level < self.requests_per_level:
+            raise _FieldProblem(
+                "validation.max_requests_per_level", self.max_requests_per_level,
+                f"the request budget is below requests_per_level ({self.requests_per_level}); raise it to at "
+                f"least {self.requests_per_level} or lower requests_per_level")
+        return self
+
+    @property
+    def request_budget(self) -> int:
+        """Requests per model and level at most (``max_requests_per_level``, default 4 × the minimum)."""
+        return self.max_requests_per_level or 4 * self.requests_per_level
+
     serving: Serving = Serving()
     validation: Validation = Validation()
 

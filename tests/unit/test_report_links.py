@@ -14,6 +14,7 @@ import pytest
 from trtspec.config import Gates, load_recipe
 from trtspec.run_report import write_run_report
 from trtspec.validate.equivalence import EquivalenceResult, compare
+from trtspec.client.intervals import ratio_interval
 from trtspec.validate.gates import evaluate
 from trtspec.validate.report import write_bench_report, write_validation_report
 from trtspec.validate.run import ValidationResult, acceptance_from
@@ -65,7 +66,8 @@ def _validation_result() -> ValidationResult:
     eq.prompts = [compare(0, "p", base, gen([1, 2, 3, 4, 5, 6]), 0), compare(1, "q", base, gen([1, 2, 7]), 0)]
     acc = acceptance_from(bench.records("speculative"), 4)
     verdict = evaluate(Gates(min_speedup=0.5, min_acceptance_rate=0.1), mismatch_rate=eq.mismatch_rate,
-                       exact_match_rate=eq.exact_match_rate, tolerance=0, speedup=bench.speedup(1),
+                       exact_match_rate=eq.exact_match_rate, tolerance=0,
+                       speedup=ratio_interval([bench.speedup(1)] * 2),
                        acceptance_rate=acc["gate_value"], acceptance_source=acc["source"], sampled=None)
     return ValidationResult(recipe="tiny", url="h:1", models={"speculative": "ensemble", "baseline": "ensemble_baseline"},
                             equivalence=eq, sampled=None, sampled_note="not run", bench=bench, acceptance=acc,

@@ -21,6 +21,7 @@ from trtspec.validate.equivalence import (
     edit_distance,
     first_divergence,
 )
+from trtspec.client.intervals import ratio_interval
 from trtspec.validate.gates import DEPLOY, KEEP, evaluate
 
 
@@ -117,12 +118,14 @@ def test_sampled_result_bonferroni_and_inconclusive():
 
 def test_gates_verdict():
     g = Gates(min_speedup=1.1, at_concurrency=1, max_mismatch_rate=0.0, min_acceptance_rate=0.3)
-    ok = dict(mismatch_rate=0.0, exact_match_rate=1.0, tolerance=0, speedup=1.5, acceptance_rate=0.6,
-              acceptance_source="server counters")
+    ok = dict(mismatch_rate=0.0, exact_match_rate=1.0, tolerance=0, speedup=ratio_interval([1.5, 1.5]),
+              acceptance_rate=0.6, acceptance_source="server counters")
     v = evaluate(g, **ok)
     assert v.deploy_speculative and v.decision == DEPLOY and [x.name for x in v.gates] == [
         "greedy equivalence", "speedup", "acceptance"]
-    for change, failed in [({"mismatch_rate": 0.1}, "greedy equivalence"), ({"speedup": 1.05}, "speedup"),
+    for change, failed in [({"mismatch_rate": 0.1}, "greedy equivalence"),
+                           ({"speedup": ratio_interval([1.05, 1.06])}, "speedup"),
+                           ({"speedup": ratio_interval([1.0, 1.4])}, "speedup"),  # 1.18x, its lower bound 0.14
                            ({"acceptance_rate": 0.2}, "acceptance"), ({"speedup": None}, "speedup"),
                            ({"acceptance_rate": None}, "acceptance")]:
         v = evaluate(g, **{**ok, **change})
@@ -146,7 +149,8 @@ def test_validation_report(tmp_path):
     acc = acceptance_from(bench.records("speculative"), 4)
     g = Gates(min_speedup=0.5, min_acceptance_rate=0.1)
     verdict = evaluate(g, mismatch_rate=eq.mismatch_rate, exact_match_rate=eq.exact_match_rate, tolerance=2,
-                       speedup=bench.speedup(1), acceptance_rate=acc["gate_value"], acceptance_source=acc["source"],
+                       speedup=ratio_interval([bench.speedup(1)] * 2), acceptance_rate=acc["gate_value"],
+                       acceptance_source=acc["source"],
                        sampled=_sampled([0.4]))
     res = ValidationResult(recipe="tiny", url="h:1", models={"speculative": "ensemble", "baseline": "ensemble_baseline"},
                            equivalence=eq, sampled=_sampled([0.4]), sampled_note=None, bench=bench, acceptance=acc,

@@ -31,6 +31,7 @@ from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMCli
 from trtspec.client.errors import ServerBusy, ServerRequestError, ServerUnavailable
 from trtspec.client.connect import open_client
 from trtspec.client.targets import ClientOptions
+from trtspec.client.intervals import SPEEDUP, Interval, level_intervals
 from trtspec.client.metrics import RequestRecord, Window, bucket_speedups, by_bucket, span, speedups, summarize
 from trtspec.client.openloop import SLO_METRICS, arrival_offsets, goodput, synthetic_length
 from trtspec.client.types import Sampling
@@ -136,6 +137,12 @@ class BenchSettings:
     output_len_stddev: float = 0.0  # ... and normal(output_lens[0], stddev) per request
     ignore_eos: bool = False  # ask for exactly max_tokens (min_length = max_tokens where the model takes it)
     goodput: tuple[tuple[str, float], ...] = ()  # SLOs (metric, milliseconds): fraction of requests meeting all
+    # repeat until sure (closed loop with a baseline): ``requests`` becomes each level's minimum; more
+    # blocks run, checked after every second block (each order as often), until the speedup's 95 %
+    # interval (trtspec.client.intervals) is at most this wide relative to it, or ``max_requests``
+    # per model and level have run
+    interval_width: float | None = None
+    max_requests: int | None = None
 
     @property
     def open_loop(self) -> bool:
@@ -160,6 +167,21 @@ class BenchSettings:
             raise ConfigError("prompt_lens", self.prompt_lens, "needs integers >= 1", fix="e.g. --prompt-len 32,128")
         if self.block is not None and self.block < 1:
             raise ConfigError("block", self.block, "must be >= 1")
+        if self.interval_width is not None:
+            if not (self.interval_width > 0 and math.isfinite(self.interval_width)):
+                raise ConfigError("interval_width", self.interval_width, "must be a finite number > 0",
+                                  fix="e.g. 0.10: stop once the speedup's 95 % interval spans 10 % of it")
+            if self.requests is None or self.baseline_model is None or self.open_loop:
+                raise ConfigError("interval_width", self.interval_width,
+                                  "needs a closed loop with --requests and a baseline model (the interval is of "
+                                  "speculative / baseline over paired blocks)", fix="drop interval_width")
+            if self.max_requests is None or self.max_requests < self.requests:
+                raise ConfigError("max_requests", self.max_requests,
+                                  f"the request budget must be >= requests ({self.requests})",
+                                  fix=f"e.g. max_requests {4 * self.requests}")
+        elif self.max_requests is not None:
+            raise ConfigError("max_requests", self.max_requests, "is a budget for interval_width, which is not set",
+                              fix="set interval_width too, or drop max_requests")
         if self.baseline_model == self.speculative_model:
             raise ConfigError("baseline_model", self.baseline_model, "is the same model as the speculative one",
                               fix="the baseline is ordinary decoding, e.g. ensemble_baseline")
@@ -192,6 +214,7 @@ class LevelResult:
     windows: list[Window]
     request_rate: float | None = None  # open loop: requests/s (inf: all at once); None: closed loop
     schedule: bool = False  # open loop from a fixed schedule
+    stop: dict | None = None  # with interval_width: why the level stopped (see stop_rule)
 
     @property
     def load(self) -> str:
@@ -216,6 +239,10 @@ class LevelResult:
 
     def summary(self, role: str, replica: str | None = None) -> dict:
         return summarize(self.records(role, replica), self.duration(role, replica), self.settling(role, replica))
+
+    def intervals(self, replica: str | None = None) -> dict[str, Interval]:
+        """speculative / baseline per metric with its 95 % interval over the paired blocks."""
+        return level_intervals(self.windows, replica)
 
 
 @dataclass
@@ -277,6 +304,9 @@ class BenchResult:
                                                        d["models"][role]["duration_s"])
         if self.has_baseline:
             d["speedup"] = speedups(d["models"]["speculative"], d["models"]["baseline"])
+            d["intervals"] = {m: i.to_dict() for m, i in lv.intervals(replica).items()}
+        if lv.stop is not None and replica is None:
+            d["stop"] = lv.stop
             if self.settings.goodput:
                 s, b = (d["models"][r]["goodput"]["fraction"] for r in ("speculative", "baseline"))
                 d["speedup"]["goodput"] = s / b if s is not None and b else None
@@ -543,7 +573,8 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
         else len(settings.concurrency)
     if settings.schedule is not None and not settings.request_rates:
         per_level = len(settings.schedule)
-    total = (n * (settings.warmup * len(roles) + per_level * len(roles) * n_levels) if per_level else None)
+    budget = settings.max_requests if settings.interval_width is not None else per_level
+    total = (n * (settings.warmup * len(roles) + budget * len(roles) * n_levels) if budget else None)
     done = [0]
     label = ["warm-up"]
 
@@ -576,9 +607,9 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
             block = settings.block or max(8, 4 * c)
             lv = LevelResult(c, [])
             levels.append(lv)
-            i = 0
+            i = blocks = 0
             while True:
-                count = min(block, per_level - i) if per_level else block
+                count = min(block, budget - i) if budget else block
                 order = roles if block_no % 2 == 0 else roles[::-1]
                 for role in order:
                     label[0] = f"c={c} {role}"
@@ -591,6 +622,12 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
                         raise
                 i += count
                 block_no += 1
+                blocks += 1
+                if settings.interval_width is not None:
+                    lv.stop = stop_rule(lv, settings, i, blocks)
+                    if lv.stop is not None:
+                        break
+                    continue
                 if per_level and i >= per_level:
                     break
                 if settings.duration_s is not None:
@@ -604,6 +641,31 @@ async def bench_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], prompts
             "error": str(e.error).splitlines()[0], "fix": e.error.fix, "concurrency": c,
             "phase": label[0], "replica": where.replica if where else e.error.url})
     return result(levels)
+
+
+def stop_rule(lv: LevelResult, settings: BenchSettings, requests: int, blocks: int) -> dict | None:
+    """Whether a level measured with ``interval_width`` is done after ``requests`` per model in
+    ``blocks`` blocks: ``None`` to run another block, else why it stopped (kept in the report).
+
+    It runs at least ``settings.requests``; the interval is judged after an even number of blocks,
+    so that each model went first equally often; it stops at ``settings.max_requests`` whatever
+    the interval (then saying the interval is wider than asked)."""
+    asked, budget = settings.interval_width, settings.max_requests
+    if requests < settings.requests and requests < budget:
+        return None
+    iv = lv.intervals()[SPEEDUP]
+    w = iv.width
+    shown = "unbounded" if math.isinf(w) else f"{w:.1%}"
+    if blocks % 2 == 0 and w <= asked:
+        return {"reason": "interval", "requests": requests, "blocks": blocks, "width": w, "asked": asked,
+                "budget": budget, "text": f"stopped after {blocks} blocks ({requests} requests per model): the "
+                                          f"speedup's 95 % interval spans {shown} of it, within the {asked:.0%} asked"}
+    if requests >= budget:
+        return {"reason": "budget", "requests": requests, "blocks": blocks, "width": None if math.isinf(w) else w,
+                "asked": asked, "budget": budget,
+                "text": f"request budget spent ({budget} per model, {blocks} blocks): the speedup's 95 % interval "
+                        f"spans {shown} of it, WIDER than the {asked:.0%} asked"}
+    return None
 
 
 def output_len(settings: BenchSettings, i: int) -> int:

@@ -47,6 +47,33 @@ def _x(v) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
 
+def _iv(iv: dict | None) -> str:
+    """An interval dict (``Interval.to_dict()``) as ``[low, high]``."""
+    if not iv or iv.get("ratio") is None:
+        return "–"
+    hi = iv.get("high")
+    return f"[{iv['low']:.2f}, {'∞' if hi is None or math.isinf(hi) else f'{hi:.2f}'}]"
+
+
+def level_table(levels: list[dict]) -> list[str]:
+    """The verdict's per-level table (``Verdict.to_dict()["levels"]``): both models, the ratio
+    speculative / baseline, its 95 % interval, the bound a gate reads and pass/fail."""
+    lines = ["| concurrency | metric | speculative | baseline | ratio spec / base | 95 % interval | blocks | "
+             "gate (bound) | result |", "|---:|---|---:|---:|---:|---:|---:|---|---|"]
+    for r in levels:
+        tput = r["metric"] == "output_token_throughput"
+
+        def fig(v):
+            return "–" if v is None else (f"{v:.1f} tok/s" if tput else f"{v * 1e3:.1f} ms")
+        iv = r["interval"]
+        gate = (f"{r['bound']} >= {r['limit']:.2f}" if tput else f"{r['bound']} <= {r['limit']:.2f}") \
+            if r.get("gated") else "not gated here"
+        result = "–" if r.get("passed") is None else ("PASS" if r["passed"] else "**FAIL**")
+        lines.append(f"| {r['concurrency']} | {r['label']} | {fig(r['speculative'])} | {fig(r['baseline'])} | "
+                     f"{_x(iv.get('ratio'))} | {_iv(iv)} | {iv.get('blocks', 0)} | {gate} | {result} |")
+    return lines
+
+
 def _json_default(o):
     if isinstance(o, float) and math.isnan(o):
         return None
@@ -84,6 +111,11 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
         "baseline and speculative interleaved in alternating blocks on the same prompts",
         f"- started {d['started']}, wall time {d['wall_s']:.1f} s",
     ]
+    if s.get("interval_width"):
+        lines.append(f"- repeated until sure: at least {s['requests']} and at most {s['max_requests']} requests per "
+                     f"model and level, in blocks, until the speedup's 95 % interval spans at most "
+                     f"{s['interval_width']:.0%} of it; " + "; ".join(
+                         f"c={lv['concurrency']}: {lv['stop']['text']}" for lv in d["levels"] if lv.get("stop")))
     if d.get("urls"):
         lines.append(f"- {len(d['urls'])} replicas ({', '.join(f'`{u}`' for u in d['urls'])}), loaded at the same "
                      "time with the concurrency below on each; tables show all replicas together (throughput: all "
@@ -132,13 +164,23 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
                         f"{_x(sp) if role == 'speculative' and 'baseline' in roles else ''} |")
     if "baseline" in roles:
         lines += ["", "## Speedup: speculative vs baseline (> 1 = speculative better)", "",
+                  "All levels' figures pooled; in brackets the 95 % interval over the paired blocks (Student t on "
+                  "the blocks' log ratios; '∞' with one block).", "",
                   f"| {load_col} | output tok/s | req/s | tok/s per user p50 | latency p50 | latency p95 | ITL p50 | TTFT p50 |",
                   "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+        def inv(iv: dict | None) -> str:  # a latency ratio spec / base → oriented as speedup base / spec
+            if not iv or iv.get("ratio") is None:
+                return ""
+            hi, lo = iv.get("high"), iv.get("low")
+            return f" [{0 if hi is None or math.isinf(hi) else 1 / hi:.2f}, {'∞' if not lo else f'{1 / lo:.2f}'}]"
         for lv in d["levels"]:
-            x = lv["speedup"]
-            lines.append(f"| {_load(lv)} | {_x(x['output_token_throughput'])} | {_x(x['request_throughput'])} | "
+            x, ivs = lv["speedup"], lv.get("intervals") or {}
+            lines.append(f"| {_load(lv)} | {_x(x['output_token_throughput'])} {_iv(ivs.get('output_token_throughput'))}"
+                         f" | {_x(x['request_throughput'])} | "
                          f"{_x(x['output_tps_per_user_p50'])} | {_x(x['request_latency_p50'])} | "
-                         f"{_x(x['request_latency_p95'])} | {_x(x['itl_p50'])} | {_x(x['ttft_p50'])} |")
+                         f"{_x(x['request_latency_p95'])}{inv(ivs.get('request_latency_p95'))} | {_x(x['itl_p50'])} | "
+                         f"{_x(x['ttft_p50'])} |")
     if s.get("goodput"):
         slo = ", ".join(f"{n} <= {ms:g} ms" for n, ms in s["goodput"])
         lines += ["", f"## Goodput (SLO: {slo}; every SLO met, failed requests miss)", "",
@@ -230,11 +272,20 @@ def write_validation_report(result, out: str | os.PathLike, *, max_draft_len: in
         "",
         f"## Verdict: **{v.decision}** (exit {result.exit_code})",
         "",
+        f"Decided by: {v.reason}.",
+        "",
         "| gate | result | detail |",
         "|---|---|---|",
     ]
     for g in v.gates:
         lines.append(f"| {g.name} | {'PASS' if g.passed else '**FAIL**'} | {g.detail} |")
+    if v.levels:
+        lines += ["", "### Every level: speculative vs baseline", "",
+                  f"Ratios are speculative / baseline (throughput: > 1 is better; latencies: < 1 is better), the "
+                  f"geometric mean of the paired blocks' ratios with its 95 % interval. Gates read the conservative "
+                  f"bound: the speedup's lower bound at concurrency {result.at_concurrency}; every latency ratio's "
+                  f"upper bound at every level.", ""]
+        lines += level_table(v.levels)
     acc = result.acceptance
     lines += [
         "",

@@ -26,7 +26,8 @@ from trtspec.client.connect import open_client
 from trtspec.client.targets import ClientOptions
 from trtspec.client.types import Sampling
 from trtspec.validate.equivalence import EquivalenceResult, SampledResult, greedy_equivalence, sampled_check
-from trtspec.validate.gates import Verdict, evaluate
+from trtspec.client.intervals import SPEEDUP, Interval
+from trtspec.validate.gates import Verdict, evaluate, level_comparisons
 from trtspec.prompts import load_prompts
 
 Progress = Callable[[int, "int | None", str], None]
@@ -48,7 +49,7 @@ class ValidationResult:
     sampled_note: str | None
     bench: BenchResult
     acceptance: dict
-    speedup: float | None
+    speedup: float | None  # pooled output tokens/s ratio at at_concurrency (the bench tables' figure)
     at_concurrency: int
     verdict: Verdict
     started: str
@@ -56,6 +57,7 @@ class ValidationResult:
     # several replicas: {url: (equivalence, sampled)}; ``equivalence``/``sampled`` above are the
     # worst replica's (what the gates judge)
     replicas: dict[str, tuple[EquivalenceResult, SampledResult | None]] = field(default_factory=dict)
+    speedup_interval: Interval | None = None  # the ratio over the paired blocks and its 95 % interval (the gate's)
 
     @property
     def exit_code(self) -> int:
@@ -71,7 +73,8 @@ class ValidationResult:
             "started": self.started,
             "wall_s": round(self.wall_s, 3),
             "verdict": self.verdict.to_dict(),
-            "speedup": {"at_concurrency": self.at_concurrency, "output_token_throughput": self.speedup},
+            "speedup": {"at_concurrency": self.at_concurrency, "output_token_throughput": self.speedup,
+                        "interval": self.speedup_interval.to_dict() if self.speedup_interval else None},
             "acceptance": self.acceptance,
             "equivalence": self.equivalence.to_dict(),
             "sampled": self.sampled.to_dict() if self.sampled else None,
@@ -172,11 +175,13 @@ async def validate_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], reci
     replicas = {c.url: (e, sa) for c, e, sa in zip(clients, eqs, sampled_each)}
     eq, sampled = _worst(replicas)
 
-    # 3. latency and acceptance under load, both models interleaved on the same prompts
+    # 3. latency and acceptance under load, both models interleaved on the same prompts, in blocks
+    #    repeated until the speedup's interval is narrow enough or the request budget is spent
     settings = BenchSettings(
         concurrency=levels, requests=v.requests_per_level, warmup=v.warmup_requests,
         output_lens=(v.max_tokens,), sampling=Sampling.from_recipe(v.sampling, v.max_tokens),
-        speculative_model=speculative_model, baseline_model=baseline_model)
+        speculative_model=speculative_model, baseline_model=baseline_model, block=v.block_requests,
+        interval_width=v.interval_width, max_requests=v.request_budget)
     items = shape_prompts(prompts, None, clients[0].tokenizer)
     bench = await bench_async(clients if n > 1 else clients[0], items, settings, prompt_source=v.prompts,
                               progress=progress)
@@ -187,15 +192,17 @@ async def validate_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], reci
 
     acceptance = acceptance_from(bench.records("speculative"), recipe.max_draft_len or None)
     speedup = bench.speedup(v.gates.at_concurrency)
+    comparisons = level_comparisons(bench)
+    at = comparisons.get(v.gates.at_concurrency, {}).get(SPEEDUP)
     verdict = evaluate(v.gates, mismatch_rate=eq.mismatch_rate, exact_match_rate=eq.exact_match_rate,
-                       tolerance=v.equivalence_tolerance, speedup=speedup,
+                       tolerance=v.equivalence_tolerance, speedup=at.interval if at else None,
                        acceptance_rate=acceptance["gate_value"], acceptance_source=acceptance["source"],
-                       sampled=sampled)
+                       sampled=sampled, levels=comparisons)
     return ValidationResult(
         recipe=recipe.name, url=bench.url, models={"speculative": speculative_model, "baseline": baseline_model},
         equivalence=eq, sampled=sampled, sampled_note=note, bench=bench, acceptance=acceptance, speedup=speedup,
         at_concurrency=v.gates.at_concurrency, verdict=verdict, started=started, wall_s=time.perf_counter() - t0,
-        replicas=replicas if n > 1 else {})
+        replicas=replicas if n > 1 else {}, speedup_interval=at.interval if at else None)
 
 
 def run_validation(url: str | Sequence[str], recipe, *, tokenizer: str | None | bool = True,
