@@ -1,6 +1,7 @@
 """Kubernetes manifests (trtspec.deploy.k8s): goldens; every object validated against the Kubernetes
 JSON schemas (kubernetes-validate, strict: unknown fields fail) and the Istio VirtualService against
-Istio's API model (cloudcoil-models-istio; a field it does not know fails); deliberately broken
+Istio's API model (cloudcoil-models-istio; a field it does not know fails), the ServiceMonitor and
+PrometheusRule against the Prometheus Operator's (cloudcoil-models-prometheus-operator); deliberately broken
 manifests fail; cross-object wiring (selectors, ports, autoscaler targets, route hosts); GPU
 requests equal the launch plan's world; rollout.sh patches the weights; the deployment folder.
 
@@ -22,8 +23,8 @@ import pytest
 import yaml
 
 from trtspec.config import load_recipe, parse_recipe, recipe_to_dict
-from trtspec.deploy.k8s import (K8sOptions, admin_secret_name, app_name, k8s_files, liveness_command, pod_server_args,
-                                secret_command, serving_image, write_k8s)
+from trtspec.deploy.k8s import (RULES_FILE, K8sOptions, admin_secret_name, app_name, k8s_files, liveness_command,
+                                pod_server_args, secret_command, serving_image, write_k8s)
 from trtspec.triton.access import IMAGE_ARGV_SHIM, REQUIRED_HEADER_ENV, SECRET_ENV
 from trtspec.errors import ConfigError, StageError
 from trtspec.triton.launch.mpi import launch_plan
@@ -34,8 +35,12 @@ from tests.goldens import check_golden
 kubernetes_validate = pytest.importorskip("kubernetes_validate", reason="pip install -e '.[dev]' (kubernetes-validate)")
 istio_v1 = pytest.importorskip("cloudcoil.models.istio.networking.v1", reason="pip install -e '.[dev]' (cloudcoil-models-istio)")
 istio_security = pytest.importorskip("cloudcoil.models.istio.security.v1", reason="pip install -e '.[dev]' (cloudcoil-models-istio)")
+prom_operator = pytest.importorskip("cloudcoil.models.prometheus_operator.v1",
+                                    reason="pip install -e '.[dev]' (cloudcoil-models-prometheus-operator)")
 ISTIO = {"VirtualService": istio_v1.VirtualService, "PeerAuthentication": istio_security.PeerAuthentication,
          "AuthorizationPolicy": istio_security.AuthorizationPolicy}
+# custom resources the Kubernetes schemas do not know: checked against their API models the same way
+CRDS = {**ISTIO, "ServiceMonitor": prom_operator.ServiceMonitor, "PrometheusRule": prom_operator.PrometheusRule}
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 GOLDEN = REPO / "tests" / "golden" / "scaleout" / "k8s"
@@ -53,11 +58,11 @@ def _golden(name: str, text: str) -> None:
 
 def validate_object(obj: dict) -> None:
     """Raise unless ``obj`` is valid for its kind's published schema."""
-    if obj.get("kind") in ISTIO:
-        model = ISTIO[obj["kind"]].model_validate(obj)  # types and enums
+    if obj.get("kind") in CRDS:
+        model = CRDS[obj["kind"]].model_validate(obj)  # types and enums
         back = model.model_dump(mode="json", by_alias=True, exclude_unset=True)
         if back != obj:  # the model drops what it does not know: a typo or a wrong nesting
-            raise ValueError(f"{obj['kind']} has fields Istio's schema does not define: {_diff(obj, back)}")
+            raise ValueError(f"{obj['kind']} has fields its schema does not define: {_diff(obj, back)}")
         return
     for version in K8S_VERSIONS:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -82,7 +87,8 @@ def _diff(a, b, path=""):
 
 
 def objects(files: dict[str, str]) -> list[dict]:
-    return [o for path, text in files.items() if path.startswith("k8s/") for o in yaml.safe_load_all(text) if o]
+    return [o for path, text in files.items() if path.startswith(("k8s/", "monitoring/"))
+            for o in yaml.safe_load_all(text) if o]
 
 
 # ---------------------------------------------------------------------------------- cases
@@ -126,7 +132,8 @@ def test_every_object_validates_against_its_schema(case):
     recipe_file, opts = CASES[case]
     _, _, files = _case(recipe_file, opts)
     objs = objects(files)
-    assert {o["kind"] for o in objs} >= {"Deployment", "Service", "HorizontalPodAutoscaler", "VirtualService"}
+    assert {o["kind"] for o in objs} >= {"Deployment", "Service", "HorizontalPodAutoscaler", "VirtualService",
+                                         "ServiceMonitor", "PrometheusRule"}
     for o in objs:
         validate_object(o)
     yaml.safe_load(files["prometheus-adapter-values.yaml"])
@@ -161,6 +168,11 @@ BROKEN = {  # kind → how to break it
         "weight", "ninety")),
     "route destination nested wrongly": ("VirtualService", lambda o: o["spec"]["http"][0].__setitem__(
         "destination", o["spec"]["http"][0].pop("route")[0]["destination"])),
+    "scrape endpoint port misspelled": ("ServiceMonitor", lambda o: _rename(o["spec"]["endpoints"][0], "port", "prot")),
+    "alert expression under a misspelled key": ("PrometheusRule", lambda o: _rename(
+        o["spec"]["groups"][1]["rules"][0], "expr", "expression")),
+    "alert's for not a duration": ("PrometheusRule", lambda o: o["spec"]["groups"][1]["rules"][0].__setitem__(
+        "for", "ten minutes")),
 }
 
 
@@ -223,6 +235,29 @@ def test_objects_are_wired_to_each_other(case):
             assert port in service_hosts[r["destination"]["host"]] and r["destination"]["port"]["number"] == port
     assert [r["weight"] for r in vs["spec"]["http"][0]["route"]] == [100 - opts.get("speculative_weight", 0),
                                                                       opts.get("speculative_weight", 0)]
+    # the ServiceMonitor scrapes exactly the two track Services, on their metrics port, which the
+    # NetworkPolicy opens to the monitoring namespace
+    sm = next(o for o in objs if o["kind"] == "ServiceMonitor")
+    sel = sm["spec"]["selector"]
+    picked = [s for s in services if sel["matchLabels"].items() <= s["metadata"]["labels"].items()
+              and all(s["metadata"]["labels"].get(e["key"]) in e["values"] for e in sel["matchExpressions"])]
+    assert sorted(s["metadata"]["name"] for s in picked) == sorted(d["metadata"]["name"] for d in deployments)
+    assert sm["spec"]["namespaceSelector"]["matchNames"] == [ns]
+    (ep,) = sm["spec"]["endpoints"]
+    assert all(ep["port"] in {p["name"] for p in s["spec"]["ports"]} for s in picked)
+    metrics_port = next(p["port"] for p in picked[0]["spec"]["ports"] if p["name"] == ep["port"])
+    netpol = next(o for o in objs if o["kind"] == "NetworkPolicy")
+    assert any(r["from"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": opts.get(
+        "monitoring_namespace", "monitoring")}}}] and {"protocol": "TCP", "port": metrics_port} in r["ports"]
+        for r in netpol["spec"]["ingress"])
+    # the labels the rules group by come from the Services' labels
+    targets = {r["targetLabel"]: r["sourceLabels"] for r in ep["relabelings"]}
+    assert targets == {"app": ["__meta_kubernetes_service_label_app_kubernetes_io_name"],
+                       "track": ["__meta_kubernetes_service_label_trtspec_track"]}
+    # the PrometheusRule carries the shipped rules, unchanged
+    rule = next(o for o in objs if o["kind"] == "PrometheusRule")
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES_FILE.read_text())["groups"]
+    assert rule["metadata"]["namespace"] == ns
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
@@ -380,7 +415,8 @@ def test_write_k8s_for_the_cpu_demo(tmp_path):
     res = write_k8s(recipe, tmp_path / "deploy", opts=K8sOptions(mount_path=str(tmp_path), replicas=2))
     out = tmp_path / "deploy"
     assert sorted(p.relative_to(out).as_posix() for p in out.iterdir()) == [
-        "k8s", "prometheus-adapter-values.yaml", "repository", "repository-baseline", "rollout.sh", "trtspec.json"]
+        "k8s", "monitoring", "prometheus-adapter-values.yaml", "repository", "repository-baseline", "rollout.sh",
+        "trtspec.json"]
     assert os.access(out / "rollout.sh", os.X_OK)
     m = json.loads((out / "trtspec.json").read_text())
     assert m["kind"] == "k8s-deployment" and m["gpus_per_pod"] == 0 and m["launch"]["mode"] == "single"

@@ -15,6 +15,10 @@ What one call writes into a fresh folder ``OUT`` (atomically, with ``OUT/trtspec
     k8s/virtualservice.yaml  Istio VirtualService: the baseline/speculative weights (gRPC and HTTP),
                            PeerAuthentication (STRICT mTLS) and AuthorizationPolicy for the pods
     prometheus-adapter-values.yaml  the custom metrics the autoscalers read (Helm values)
+    monitoring/prometheus-operator.yaml  for clusters with the Prometheus Operator: a ServiceMonitor
+                           scraping both tracks' metrics port and a PrometheusRule with trtspec's
+                           recording and alerting rules (trtspec/data/prometheus/rules.yml); outside
+                           k8s/ so that `kubectl apply -f k8s/` works on a cluster without its CRDs
     rollout.sh             ./rollout.sh PERCENT: shift traffic; ./rollout.sh 0 rolls back at once
 
 Every pod runs the trtspec serving image (:func:`serving_image`: docker/Dockerfile built on the
@@ -74,6 +78,9 @@ NAME_LABEL = "app.kubernetes.io/name"
 PENDING_METRIC = "trtspec_pending_requests"  # custom metric names prometheus-adapter serves (values file)
 QUEUE_METRIC = "trtspec_queue_time_ms"
 EXIT_TIMEOUT_S = 30  # tritonserver drains in-flight requests this long on SIGTERM
+# the shipped Prometheus rules (docs/validation.md, "Alerts"); the PrometheusRule carries its groups
+RULES_FILE = pathlib.Path(__file__).resolve().parents[1] / "data" / "prometheus" / "rules.yml"
+SCRAPE_INTERVAL = "15s"
 
 _DNS_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -477,6 +484,42 @@ def adapter_values(opts: K8sOptions) -> dict[str, Any]:
     ]}}
 
 
+def _service_monitor(app: str, opts: K8sOptions) -> dict[str, Any]:
+    """Scrape both tracks' Services on the metrics port; the series get ``app`` and ``track``
+    labels (the operator adds ``namespace``, ``pod``, ``service``), which the rules group by."""
+    def copy(service_label: str, target: str) -> dict[str, Any]:
+        meta = "__meta_kubernetes_service_label_" + re.sub(r"[^a-zA-Z0-9_]", "_", service_label)
+        return {"sourceLabels": [meta], "targetLabel": target, "action": "replace"}
+
+    return {
+        "apiVersion": "monitoring.coreos.com/v1",
+        "kind": "ServiceMonitor",
+        "metadata": _meta(app, opts, _labels(app)),
+        "spec": {
+            # the track Services (the entry Service has no metrics port)
+            "selector": {"matchLabels": {NAME_LABEL: app},
+                         "matchExpressions": [{"key": TRACK_LABEL, "operator": "In", "values": list(TRACKS)}]},
+            "namespaceSelector": {"matchNames": [opts.namespace]},
+            "endpoints": [{"port": "http-metrics", "path": "/metrics", "interval": SCRAPE_INTERVAL,
+                           "relabelings": [copy(NAME_LABEL, "app"), copy(TRACK_LABEL, "track")]}],
+        },
+    }
+
+
+def _prometheus_rule(app: str, opts: K8sOptions) -> dict[str, Any]:
+    groups = yaml.safe_load(RULES_FILE.read_text())["groups"]
+    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
+            "metadata": _meta(f"{app}-rules", opts, _labels(app)), "spec": {"groups": groups}}
+
+
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (PromQL, alert descriptions) as ``|`` blocks, as in rules.yml."""
+
+
+_BlockDumper.add_representer(str, lambda d, s: d.represent_scalar(
+    "tag:yaml.org,2002:str", s, style="|" if "\n" in s else None))
+
+
 def rollout_script(app: str, opts: K8sOptions) -> str:
     """``rollout.sh PERCENT``: one kubectl patch sets the speculative track's share of gRPC and HTTP."""
     ops = []
@@ -539,17 +582,24 @@ def k8s_files(recipe, layout: Layout, *, repository: str, baseline_repository: s
     docs["k8s/networkpolicy.yaml"] = [_network_policy(app, opts)]
     docs["k8s/virtualservice.yaml"] = [_virtual_service(app, opts.speculative_weight, opts), *_mesh_auth(app, opts)]
     files = {path: _dump_all(objs) for path, objs in docs.items()}
+    files["monitoring/prometheus-operator.yaml"] = (
+        f"# For a cluster with the Prometheus Operator: scrape {app}'s pods and load trtspec's rules\n"
+        "# (docs/validation.md, \"Alerts\"). Your Prometheus must select them: add the labels its\n"
+        "# serviceMonitorSelector / ruleSelector match (kube-prometheus-stack: release: <its Helm release>).\n"
+        + _dump_all([_service_monitor(app, opts), _prometheus_rule(app, opts)], dumper=_BlockDumper)
+    )
     files["prometheus-adapter-values.yaml"] = (
         "# Helm values for prometheus-community/prometheus-adapter: the custom metrics the\n"
-        f"# HorizontalPodAutoscalers of {app} read. Prometheus must scrape the pods (annotations prometheus.io/*).\n"
+        f"# HorizontalPodAutoscalers of {app} read. Prometheus must scrape the pods (annotations prometheus.io/*,\n"
+        "# or monitoring/prometheus-operator.yaml's ServiceMonitor).\n"
         + yaml.safe_dump(adapter_values(opts), sort_keys=False, width=1000)
     )
     files["rollout.sh"] = rollout_script(app, opts)
     return files
 
 
-def _dump_all(objs: list[dict[str, Any]]) -> str:
-    return "".join("---\n" + yaml.safe_dump(o, sort_keys=False, width=1000) for o in objs)
+def _dump_all(objs: list[dict[str, Any]], dumper=yaml.SafeDumper) -> str:
+    return "".join("---\n" + yaml.dump(o, Dumper=dumper, sort_keys=False, width=1000) for o in objs)
 
 
 # --------------------------------------------------------------------------------------------
@@ -654,6 +704,7 @@ def write_k8s(
             commands={
                 "secret": secret_command(app, recipe, opts.namespace),
                 "apply": f"kubectl apply -f {out / 'k8s'}",
+                "monitoring": f"kubectl apply -f {out / 'monitoring'}",
                 "rollout": f"{out / 'rollout.sh'} PERCENT",
                 "rollback": f"{out / 'rollout.sh'} 0",
             },
