@@ -163,7 +163,7 @@ class Validated(Output):
     report: str
     report_json: str
     files: Any
-    verdict: dict  # {"decision", "deploy_speculative", "gates"}
+    verdict: dict  # {"decision", "deploy_speculative", "decided_by", "reason", "gates"}
     speedup: Any
     acceptance: Any
 
@@ -547,7 +547,8 @@ class Validate(Stage, name="validate", output=Validated,
         v = result.verdict
         return Validated(report=str(out / "report.md"), report_json=str(out / "report.json"), files=files,
                          verdict={"decision": v.decision, "deploy_speculative": v.deploy_speculative,
-                                  "gates": [g.to_dict() if hasattr(g, "to_dict") else str(g) for g in v.gates]},
+                                  "decided_by": v.decided_by.name if v.decided_by else None, "reason": v.reason,
+                                  "gates": [g.to_dict() for g in v.gates]},
                          speedup=result.speedup, acceptance=result.acceptance)
 
 

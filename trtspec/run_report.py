@@ -13,7 +13,9 @@ import pathlib
 import shutil
 from typing import Any
 
+from trtspec.client.prom import by_model, samples, value
 from trtspec.validate.engine_metrics import engine_rows
+from trtspec.validate.gates import brackets, level_table
 
 VALIDATE = "validate"  # the report folder's copy of the validation stage
 
@@ -51,6 +53,60 @@ def _copy_validation(src: pathlib.Path, dest: pathlib.Path) -> pathlib.Path:
     return dest
 
 
+def _interval_note(iv: dict | None, stop: dict | None, what: str = "") -> str:
+    """``; 95 % interval [lo, hi] over n blocks (why the level stopped)`` for a question row."""
+    if not iv or iv.get("ratio") is None:
+        return ""
+    why = f"; {stop['text']}" if stop else ""
+    return f"; {what}{iv['ratio']:.2f}× 95 % interval {brackets(iv)} over {iv['blocks']} blocks{why}"
+
+
+def _hist_mean(ss, name: str) -> float | None:
+    n = value(ss, name + "_count")
+    return value(ss, name + "_sum") / n if n else None
+
+
+def served_engine_speedup(server_raw: dict, roles: dict[str, str]) -> dict | None:
+    """tune's quantity — baseline decode time / speculative (draft + verify) time for the same
+    tokens — from the served run's own per-request histograms (``trtspec_draft_seconds``,
+    ``trtspec_verify_seconds``, every validated level pooled); None without them."""
+    models = by_model(samples(server_raw))
+    spec, base = models.get(roles.get("speculative", ""), []), models.get(roles.get("baseline", ""), [])
+    d, v = _hist_mean(spec, "trtspec_draft_seconds"), _hist_mean(spec, "trtspec_verify_seconds")
+    b = _hist_mean(base, "trtspec_verify_seconds")
+    if d is None or v is None or not b or not (d + v):
+        return None
+    return {"speedup": b / (d + v), "draft_s": d, "verify_s": v, "baseline_s": b}
+
+
+def tune_vs_served(tune: dict, configured: int, server_raw: dict, roles: dict[str, str],
+                   val_json: dict | None) -> str:
+    """One line when tune's offline recommendation disagrees with what the served run did, saying
+    whose costs differ; empty when they agree. tune times single target and draft passes at batch 1
+    on a few prompts (trtspec.speculative.tune); the served run pays the draft's catch-up, the
+    batch the router and engine form and the box's load at the time, and the verdict follows it."""
+    rows = {r["k"]: r for r in tune.get("rows", [])}
+    rec = tune.get("recommended_k")
+    if rec is None or configured not in rows:
+        return ""
+    expected = rows[configured]["expected_speedup"]
+    served = served_engine_speedup(server_raw, roles)
+    verdict = (val_json or {}).get("verdict", {})
+    deploy = verdict.get("deploy_speculative")
+    offline_pays = rec > 0 and expected >= 1
+    if deploy is None or bool(deploy) == offline_pays:
+        return ""
+    gate = next((g for g in verdict.get("gates", []) if g.get("name") == "speedup"), None)
+    measured = f"measured {brackets(gate['interval'])} tokens/s at concurrency {gate['concurrency']}" \
+        if gate and gate.get("interval") else "measured as above"
+    cost = (f"its own costs (draft {served['draft_s'] * 1e3:.1f} + verify {served['verify_s'] * 1e3:.1f} ms against "
+            f"the baseline's {served['baseline_s'] * 1e3:.1f} ms per request) give {served['speedup']:.2f}×"
+            if served else "it exported no draft/verify histograms")
+    return (f"Why they differ: tune's offline batch-1 timing expects {expected:.2f}× at max_draft_len {configured} and "
+            f"recommends {rec}; the served run {'deploys' if deploy else 'keeps the baseline'}: {cost}, {measured}; "
+            "the verdict follows the served run")
+
+
 def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
     """Write ``out/report.md`` + ``out/report.json`` and a copy of the validation report with its
     plots in ``out/validate/``; every link in them is relative to ``out``."""
@@ -76,11 +132,17 @@ def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
     # ---- verdict
     if val_json:
         v = val_json["verdict"]
-        lines += [f"## Verdict: **{v['decision']}**", "",
-                  "| gate | result | detail |", "|---|---|---|"]
+        lines += [f"## Verdict: **{v['decision']}**", ""]
+        if v.get("reason"):
+            lines += [f"Decided by: {v['reason']}.", ""]
+        lines += ["| gate | result | detail |", "|---|---|---|"]
         for g in v["gates"]:
             lines.append(f"| {g['name']} | {'PASS' if g['passed'] else '**FAIL**'} | {g['detail']} |")
         lines.append("")
+        if v.get("levels"):
+            lines += ["### Every level: speculative vs baseline (ratio spec / base, 95 % interval over the paired "
+                      "blocks; gates read its conservative bound)", ""]
+            lines += level_table(v["levels"]) + [""]
         data["verdict"] = v
 
     # ---- the questions
@@ -96,15 +158,20 @@ def write_run_report(pipeline, out: pathlib.Path) -> pathlib.Path:
     if val_json:
         for lv in val_json["bench"]["levels"]:
             b, s = lv["models"].get("baseline", {}), lv["models"].get("speculative", {})
+            ivs = lv.get("intervals") or {}
             q_rows.append((f"tokens/s (output, concurrency {lv['concurrency']})", _f(b.get("output_token_throughput"), "{:.1f}"),
                            _f(s.get("output_token_throughput"), "{:.1f}"),
-                           f"speedup {_f(lv.get('speedup', {}).get('output_token_throughput'), '{:.2f}×')}"))
+                           f"speedup {_f(lv.get('speedup', {}).get('output_token_throughput'), '{:.2f}×')}"
+                           + _interval_note(ivs.get("output_token_throughput"), lv.get("stop"))))
             q_rows.append((f"P95 request latency (concurrency {lv['concurrency']})",
-                           _ms(b.get("request_latency_s", {}).get("p95")), _ms(s.get("request_latency_s", {}).get("p95")), ""))
+                           _ms(b.get("request_latency_s", {}).get("p95")), _ms(s.get("request_latency_s", {}).get("p95")),
+                           _interval_note(ivs.get("request_latency_p95"), None, "spec / base ").lstrip("; ")))
     if tune:
         q_rows.append(("recommended max_draft_len", "–", str(tune["recommended_k"]),
                        f"configured {recipe.max_draft_len}; measured α per position "
-                       f"{', '.join(f'{a:.2f}' for a in tune['per_position_acceptance'])}, draft/target cost c = {tune['cost_ratio']:.3f}"))
+                       f"{', '.join(f'{a:.2f}' for a in tune['per_position_acceptance'])}, draft/target cost c = {tune['cost_ratio']:.3f}"
+                       + (f". {note}" if (note := tune_vs_served(tune, recipe.max_draft_len, server_raw, roles, val_json))
+                          else "")))
     if q_rows:
         lines += ["## Before enabling speculation: the numbers", "",
                   "| question | baseline | speculative | note |", "|---|---:|---:|---|"]

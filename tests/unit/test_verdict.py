@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import pathlib
 import random
 from types import SimpleNamespace
 
@@ -74,6 +75,9 @@ def test_t_interval_on_log_ratios():
     iv = ratio_interval([math.exp(d), math.exp(-d)])  # mean 0, sd d·√2, t(1) = 12.706
     assert iv.estimate == pytest.approx(1.0)
     assert iv.low == pytest.approx(math.exp(-12.706 * d * math.sqrt(2) / math.sqrt(2)))
+    c = ratio_interval([1.1, 1.3, 1.2], center=1.25)  # centred on the pooled figure, spread from the blocks
+    assert c.estimate == pytest.approx(1.25) and c.high / c.estimate == pytest.approx(
+        ratio_interval([1.1, 1.3, 1.2]).high / ratio_interval([1.1, 1.3, 1.2]).estimate)
     one = ratio_interval([1.3])
     assert one.blocks == 1 and one.low == 0 and math.isinf(one.high) and math.isinf(one.width)
     assert ratio_interval([]).estimate is None
@@ -188,3 +192,56 @@ def test_the_report_names_the_deciding_gate_and_shows_every_level(tmp_path):
     d = json.loads((tmp_path / "report.json").read_text())
     assert d["verdict"]["decided_by"] == "P95 request latency at concurrency 1"
     assert d["speedup"]["interval"]["blocks"] >= 2
+
+
+def _served_metrics(draft_s, verify_s, base_s, n=10):
+    m = {}
+    for model, name, v in (("tensorrt_llm", "trtspec_draft_seconds", draft_s),
+                           ("tensorrt_llm", "trtspec_verify_seconds", verify_s),
+                           ("tensorrt_llm_baseline", "trtspec_verify_seconds", base_s)):
+        m[f'{name}_sum{{model="{model}",version="1"}}'] = v * n
+        m[f'{name}_count{{model="{model}",version="1"}}'] = n
+    return m
+
+
+TUNE_SAYS_0 = {"recommended_k": 0, "per_position_acceptance": [0.9, 0.8, 0.7, 0.6], "cost_ratio": 0.4,
+               "rows": [{"k": k, "expected_tokens_per_pass": 1 + k * 0.7, "cost_per_pass": 1 + 0.4 * k + 0.3,
+                         "expected_speedup": s} for k, s in enumerate([1.0, 0.95, 0.93, 0.92, 0.9])]}
+
+
+def test_run_report_explains_tune_against_the_served_run(tmp_path):
+    """tune recommended 0 while the served run deploys speculation: the run report says why in one
+    line, from the served run's own draft/verify costs; when both agree it says nothing extra."""
+    from trtspec.config import load_recipe
+    from trtspec.run_report import tune_vs_served, write_run_report
+    from trtspec.validate.equivalence import EquivalenceResult
+    from trtspec.validate.report import write_validation_report
+    from trtspec.validate.run import ValidationResult, acceptance_from
+
+    bench = run(lognormal(0.01))
+    v = _verdict(bench)
+    assert v.deploy_speculative
+    res = ValidationResult(recipe="tiny", url="fake:1", models={"speculative": SPEC, "baseline": BASE},
+                           equivalence=EquivalenceResult(tolerance=0, max_tokens=16, concurrency=1, unit="tokens"),
+                           sampled=None, sampled_note=None, bench=bench, acceptance=acceptance_from([], 4),
+                           speedup=bench.speedup(1), at_concurrency=1, verdict=v, started="t", wall_s=1.0)
+    work = tmp_path / "run"
+    write_validation_report(res, work / "validate", max_draft_len=4, min_speedup=1.1)
+    (work / "validate" / "server_metrics.json").write_text(json.dumps(_served_metrics(0.10, 0.30, 0.52)))
+    (work / "build").mkdir()
+    (work / "build" / "tune.json").write_text(json.dumps(TUNE_SAYS_0))
+    pipeline = SimpleNamespace(
+        recipe=load_recipe(pathlib.Path(__file__).resolve().parents[2] / "build_configs" / "tiny-cpu-draft-target.yaml"),
+        source="tiny.yaml", stage_log=[], stage_dir=lambda stage: work / stage,
+        outputs={"validate": {"report_json": str(work / "validate" / "report.json")},
+                 "build": {"tune": str(work / "build" / "tune.json")}})
+    md = write_run_report(pipeline, work / "report").read_text()
+    assert "Decided by: all 7 gates passed" in md and "### Every level" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| recommended max_draft_len |"))
+    assert "Why they differ: tune's offline batch-1 timing expects 0.90× at max_draft_len 4 and recommends 0" in row
+    assert "give 1.30×" in row and "the verdict follows the served run" in row  # 0.52 / (0.10 + 0.30)
+    tokens = next(ln for ln in md.splitlines() if ln.startswith("| tokens/s (output, concurrency 1)"))
+    assert "95 % interval [" in tokens and "within the 10% asked" in tokens
+    # the same tune against a run that keeps the baseline: they agree, no extra line
+    keep = {"verdict": {"deploy_speculative": False, "gates": []}}
+    assert tune_vs_served(TUNE_SAYS_0, 4, {}, {}, keep) == ""

@@ -7,8 +7,11 @@ tokens/s over the block's span, the P95 request latency of the block's requests,
 shared machine moves both halves of a pair alike, so it cancels in ``r_b``.
 
 The interval is Student's t on ``log r_b`` (a log makes 1.25× and 0.8× equally far from parity, and
-per-block throughput ratios are close to log-normal): estimate ``exp(mean)``, bounds
-``exp(mean ± t_{0.975, n−1} · sd / √n)``. Why not a bootstrap: a level has 2-12 blocks, and a
+per-block throughput ratios are close to log-normal): bounds ``ratio · exp(± t_{0.975, n−1} · sd / √n)``
+with ``sd`` the spread of the ``log r_b``. It is centred on the level's *pooled* ratio (all blocks'
+requests together, the figure every table shows), not on the blocks' geometric mean: a tail
+quantile of 8 requests is not the quantile of 48, and the interval must hold the figure printed
+beside it; the blocks give its spread. Why not a bootstrap: a level has 2-12 blocks, and a
 percentile bootstrap over so few values has a handful of distinct resamples and comes out too
 narrow (it would stop the measurement early on false confidence); the t-interval widens
 correctly at small n and is deterministic, so the same records give the same report. With one
@@ -57,7 +60,7 @@ SPEEDUP = "output_token_throughput"  # higher is better; every other metric is a
 class Interval:
     """A ratio speculative / baseline and its 95 % interval over ``blocks`` paired blocks."""
 
-    estimate: float | None  # geometric mean of the per-block ratios
+    estimate: float | None  # the pooled ratio (all blocks' requests together)
     low: float | None  # None with no blocks; 0.0 / inf when one block leaves no spread to measure
     high: float | None
     blocks: int
@@ -83,30 +86,45 @@ class Interval:
         return f"{self.estimate:.2f}{unit} [{self.low:.2f}, {hi}]"
 
 
-def ratio_interval(ratios: Sequence[float], confidence: float = CONFIDENCE) -> Interval:
-    """Student-t interval on the logs of paired ratios (module docstring)."""
+def ratio_interval(ratios: Sequence[float], center: float | None = None, confidence: float = CONFIDENCE) -> Interval:
+    """Student-t interval on the logs of paired ratios (module docstring), around ``center`` (the
+    pooled ratio; default the ratios' geometric mean)."""
     if confidence != CONFIDENCE:
         raise ValueError(f"only the {CONFIDENCE:.0%} interval is tabulated")
     logs = [math.log(r) for r in ratios if r is not None and r > 0 and math.isfinite(r)]
     n = len(logs)
-    if n == 0:
+    if n == 0 or (center is not None and not center > 0):
         return Interval(None, None, None, 0)
     mean = sum(logs) / n
+    mid = math.log(center) if center is not None else mean
     if n == 1:
-        return Interval(math.exp(mean), 0.0, math.inf, 1)
+        return Interval(math.exp(mid), 0.0, math.inf, 1)
     sd = math.sqrt(sum((x - mean) ** 2 for x in logs) / (n - 1))
     half = t975(n - 1) * sd / math.sqrt(n)
-    return Interval(math.exp(mean), math.exp(mean - half), math.exp(mean + half), n)
+    return Interval(math.exp(mid), math.exp(mid - half), math.exp(mid + half), n)
 
 
-def block_summaries(windows: Sequence[Window], role: str, replica: str | None = None) -> dict[int, dict]:
-    """Per block: the summary of ``role``'s requests in it (a block's replicas together)."""
+def _blocks(windows: Sequence[Window], role: str, replica: str | None) -> dict[int, list[Window]]:
     blocks: dict[int, list[Window]] = {}
     for w in windows:
         if w.role == role and replica in (None, w.replica):
             blocks.setdefault(w.block, []).append(w)
+    return blocks
+
+
+def block_summaries(windows: Sequence[Window], role: str, replica: str | None = None) -> dict[int, dict]:
+    """Per block: the summary of ``role``'s requests in it (a block's replicas together)."""
     return {b: summarize([r for w in ws for r in w.requests], span(ws), [r for w in ws for r in w.settling])
-            for b, ws in blocks.items()}
+            for b, ws in _blocks(windows, role, replica).items()}
+
+
+def pooled_summary(windows: Sequence[Window], role: str, replica: str | None = None) -> dict:
+    """Every block of ``role`` together (the measured duration: Σ of the blocks' spans), as the
+    load generator's level summary."""
+    blocks = _blocks(windows, role, replica)
+    ws = [w for b in blocks.values() for w in b]
+    return summarize([r for w in ws for r in w.requests], sum(span(b) for b in blocks.values()),
+                     [r for w in ws for r in w.settling])
 
 
 def block_ratios(windows: Sequence[Window], metric: str, replica: str | None = None) -> list[float]:
@@ -122,5 +140,10 @@ def block_ratios(windows: Sequence[Window], metric: str, replica: str | None = N
 
 
 def level_intervals(windows: Sequence[Window], replica: str | None = None) -> dict[str, Interval]:
-    """Every metric of :data:`METRICS`: its interval over this level's blocks."""
-    return {m: ratio_interval(block_ratios(windows, m, replica)) for m in METRICS}
+    """Every metric of :data:`METRICS`: the pooled ratio and its interval over this level's blocks."""
+    spec, base = pooled_summary(windows, "speculative", replica), pooled_summary(windows, "baseline", replica)
+    out = {}
+    for m, (_, get) in METRICS.items():
+        s, b = get(spec), get(base)
+        out[m] = ratio_interval(block_ratios(windows, m, replica), center=s / b if s is not None and b else None)
+    return out

@@ -192,3 +192,34 @@ def evaluate(gates, *, mismatch_rate: float | None, exact_match_rate: float | No
                            passed=v.gates[1].passed if gated else None, gated=gated)
             v.levels.append(row)
     return v
+
+
+def _ratio(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}x"
+
+
+def brackets(iv: dict | None) -> str:
+    """An interval dict (``Interval.to_dict()``) as ``[low, high]``."""
+    if not iv or iv.get("ratio") is None:
+        return "–"
+    hi = iv.get("high")
+    return f"[{iv['low']:.2f}, {'∞' if hi is None or math.isinf(hi) else f'{hi:.2f}'}]"
+
+
+def level_table(levels: list[dict]) -> list[str]:
+    """The verdict's per-level table (``Verdict.to_dict()["levels"]``): both models, the ratio
+    speculative / baseline, its 95 % interval, the bound a gate reads and pass/fail."""
+    lines = ["| concurrency | metric | speculative | baseline | ratio spec / base | 95 % interval | blocks | "
+             "gate (bound) | result |", "|---:|---|---:|---:|---:|---:|---:|---|---|"]
+    for r in levels:
+        tput = r["metric"] == "output_token_throughput"
+
+        def fig(v):
+            return "–" if v is None else (f"{v:.1f} tok/s" if tput else f"{v * 1e3:.1f} ms")
+        iv = r["interval"]
+        gate = (f"{r['bound']} >= {r['limit']:.2f}" if tput else f"{r['bound']} <= {r['limit']:.2f}") \
+            if r.get("gated") else "not gated here"
+        result = "–" if r.get("passed") is None else ("PASS" if r["passed"] else "**FAIL**")
+        lines.append(f"| {r['concurrency']} | {r['label']} | {fig(r['speculative'])} | {fig(r['baseline'])} | "
+                     f"{_ratio(iv.get('ratio'))} | {brackets(iv)} | {iv.get('blocks', 0)} | {gate} | {result} |")
+    return lines

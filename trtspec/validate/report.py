@@ -10,6 +10,7 @@ import pathlib
 from trtspec.client.loadgen import BenchResult
 from trtspec.client.metrics import OUTPUT_LEN_EDGES, PROMPT_LEN_EDGES, bucket_order
 from trtspec.validate import plots
+from trtspec.validate.gates import brackets, level_table
 from trtspec.client.metrics import json_safe
 
 DEFINITIONS = """\
@@ -45,33 +46,6 @@ def _load(lv: dict) -> str:
 
 def _x(v) -> str:
     return "–" if v is None else f"{v:.2f}x"
-
-
-def _iv(iv: dict | None) -> str:
-    """An interval dict (``Interval.to_dict()``) as ``[low, high]``."""
-    if not iv or iv.get("ratio") is None:
-        return "–"
-    hi = iv.get("high")
-    return f"[{iv['low']:.2f}, {'∞' if hi is None or math.isinf(hi) else f'{hi:.2f}'}]"
-
-
-def level_table(levels: list[dict]) -> list[str]:
-    """The verdict's per-level table (``Verdict.to_dict()["levels"]``): both models, the ratio
-    speculative / baseline, its 95 % interval, the bound a gate reads and pass/fail."""
-    lines = ["| concurrency | metric | speculative | baseline | ratio spec / base | 95 % interval | blocks | "
-             "gate (bound) | result |", "|---:|---|---:|---:|---:|---:|---:|---|---|"]
-    for r in levels:
-        tput = r["metric"] == "output_token_throughput"
-
-        def fig(v):
-            return "–" if v is None else (f"{v:.1f} tok/s" if tput else f"{v * 1e3:.1f} ms")
-        iv = r["interval"]
-        gate = (f"{r['bound']} >= {r['limit']:.2f}" if tput else f"{r['bound']} <= {r['limit']:.2f}") \
-            if r.get("gated") else "not gated here"
-        result = "–" if r.get("passed") is None else ("PASS" if r["passed"] else "**FAIL**")
-        lines.append(f"| {r['concurrency']} | {r['label']} | {fig(r['speculative'])} | {fig(r['baseline'])} | "
-                     f"{_x(iv.get('ratio'))} | {_iv(iv)} | {iv.get('blocks', 0)} | {gate} | {result} |")
-    return lines
 
 
 def _json_default(o):
@@ -176,7 +150,7 @@ def bench_markdown(d: dict, plot_files: dict[str, str], *, title: str) -> list[s
             return f" [{0 if hi is None or math.isinf(hi) else 1 / hi:.2f}, {'∞' if not lo else f'{1 / lo:.2f}'}]"
         for lv in d["levels"]:
             x, ivs = lv["speedup"], lv.get("intervals") or {}
-            lines.append(f"| {_load(lv)} | {_x(x['output_token_throughput'])} {_iv(ivs.get('output_token_throughput'))}"
+            lines.append(f"| {_load(lv)} | {_x(x['output_token_throughput'])} {brackets(ivs.get('output_token_throughput'))}"
                          f" | {_x(x['request_throughput'])} | "
                          f"{_x(x['output_tps_per_user_p50'])} | {_x(x['request_latency_p50'])} | "
                          f"{_x(x['request_latency_p95'])}{inv(ivs.get('request_latency_p95'))} | {_x(x['itl_p50'])} | "
@@ -281,8 +255,9 @@ def write_validation_report(result, out: str | os.PathLike, *, max_draft_len: in
         lines.append(f"| {g.name} | {'PASS' if g.passed else '**FAIL**'} | {g.detail} |")
     if v.levels:
         lines += ["", "### Every level: speculative vs baseline", "",
-                  f"Ratios are speculative / baseline (throughput: > 1 is better; latencies: < 1 is better), the "
-                  f"geometric mean of the paired blocks' ratios with its 95 % interval. Gates read the conservative "
+                  f"Ratios are speculative / baseline (throughput: > 1 is better; latencies: < 1 is better), all "
+                  f"blocks pooled, with the 95 % interval from the spread of the paired blocks' ratios (Student t on "
+                  f"their logs). Gates read the conservative "
                   f"bound: the speedup's lower bound at concurrency {result.at_concurrency}; every latency ratio's "
                   f"upper bound at every level.", ""]
         lines += level_table(v.levels)
