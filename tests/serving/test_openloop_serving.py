@@ -1,15 +1,24 @@
 """Open-loop `trtspec bench` on a real tritonserver (CPU) serving the tiny pair: request rates with
 ABBA blocks, a fixed schedule, goodput, the exports; and the shipped Grafana dashboard's queries
-against the live server's /metrics.
+against the live server's /metrics, then evaluated by a real Prometheus (Debian's `prometheus`,
+`make prometheus-tools`) scraping it, with the shipped alerting rules loaded.
 
 One server for the module (python stubs take seconds each to start on 2 cores).
 """
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import json
 import pathlib
 import re
+import shutil
+import socket
+import subprocess
+import threading
+import time
+import urllib.parse
 import urllib.request
 
 import pytest
@@ -179,3 +188,163 @@ def test_dashboard_queries_match_the_live_servers_metrics(server, tiny_target, t
     assert rows["draft compute time per request"].speculative.endswith(" ms")
     assert rows["memory (resident, engine process)"].source == "trtspec_resident_memory_bytes"
     assert "KV cache blocks used / max" not in rows
+
+
+# ---- the dashboard and the rules on a real Prometheus
+
+PROMETHEUS = shutil.which("prometheus")
+RULES = DASHBOARD.parents[1] / "prometheus" / "rules.yml"
+SCRAPE_S = 1
+# Grafana's $__rate_interval is max($__interval + scrape interval, 4 × scrape interval); with the 1 s
+# scrape below, 30 s is its value for any $__interval up to 29 s, and it covers this test's traffic
+RATE_INTERVAL = "30s"
+
+
+def _grafana(expr: str) -> str:
+    """A dashboard query as Grafana sends it: $__rate_interval, and the engine variable at its
+    default "All" (the variable's allValue, .*)."""
+    dash_vars = {v["name"]: v for v in json.loads(DASHBOARD.read_text())["templating"]["list"]}
+    expr = expr.replace("$__rate_interval", RATE_INTERVAL).replace("$engine", dash_vars["engine"]["allValue"])
+    assert "$" not in expr, f"a variable the test does not substitute: {expr}"
+    return expr
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def _static_metrics(text: str):
+    """A tiny HTTP server that answers /metrics with ``text`` (a recorded scrape); yields host:port."""
+    body = text.encode()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - the stdlib's name
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _families(text: str, prefix: str) -> str:
+    """The families of a Prometheus text scrape whose name starts with ``prefix`` (HELP/TYPE kept)."""
+    keep = [ln for ln in text.splitlines()
+            if re.match(rf"(# (HELP|TYPE) )?{prefix}", ln)]
+    return "\n".join(keep) + "\n"
+
+
+class _Prometheus:
+    def __init__(self, url: str):
+        self.url = url
+
+    def get(self, path: str, **params) -> dict:
+        q = urllib.parse.urlencode(params)
+        with urllib.request.urlopen(f"{self.url}{path}?{q}", timeout=10) as r:
+            d = json.loads(r.read().decode())
+        assert d["status"] == "success", d
+        return d["data"]
+
+    def query(self, expr: str) -> list[dict]:
+        return self.get("/api/v1/query", query=expr)["result"]
+
+    def wait(self, what: str, ok, timeout_s: float = 30):
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                got = ok()
+            except (OSError, AssertionError):
+                got = None
+            if got:
+                return got
+            if time.monotonic() > deadline:
+                raise AssertionError(f"Prometheus: {what} within {timeout_s:.0f} s")
+            time.sleep(0.2)
+
+
+@pytest.fixture
+def prometheus(server, tmp_path_factory):
+    """Debian's prometheus scraping the module's server every second, and TensorRT-LLM's recorded
+    series (its nv_trt_llm_* families only, served by a static HTTP server: the CPU runtime has
+    none), with the shipped rules loaded."""
+    if PROMETHEUS is None:
+        pytest.skip("prometheus not on PATH: make prometheus-tools (apt-get install prometheus)")
+    live = urllib.parse.urlsplit(server.endpoints.metrics).netloc
+    tmp_path = tmp_path_factory.mktemp("prometheus")
+    with _static_metrics(_families(TRTLLM_FIXTURE.read_text(), "nv_trt_llm_")) as fixture:
+        config = {
+            "global": {"scrape_interval": f"{SCRAPE_S}s", "evaluation_interval": f"{SCRAPE_S}s"},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [
+                {"job_name": "trtspec", "static_configs": [{"targets": [live]}]},
+                {"job_name": "trtllm-recorded", "static_configs": [{"targets": [fixture]}]},
+            ],
+        }
+        (tmp_path / "prometheus.yml").write_text(json.dumps(config))  # JSON is YAML
+        port = _free_port()
+        log = (tmp_path / "prometheus.log").open("w")
+        proc = subprocess.Popen([PROMETHEUS, f"--config.file={tmp_path / 'prometheus.yml'}",
+                                 f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{port}"],
+                                stdout=log, stderr=subprocess.STDOUT)
+        try:
+            prom_api = _Prometheus(f"http://127.0.0.1:{port}")
+            prom_api.wait("up on both targets", lambda: len(prom_api.query("up == 1")) == 2)
+            yield prom_api
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+
+
+def test_a_real_prometheus_evaluates_every_dashboard_query_and_the_rules(server, prometheus, tiny_target, tmp_path):
+    # traffic on both engines (and the router) after the first scrape, so counters move within the window
+    code, output = _bench(server, tiny_target, tmp_path / "bench", "--concurrency", "1", "--requests", "2",
+                          "--output-len", "8", "--no-export")
+    assert code == 0, output
+    after = time.time()
+    # three scrapes after the traffic
+    prometheus.wait("3 scrapes after the traffic", lambda: all(
+        float(r["value"][1]) >= after + 2 * SCRAPE_S for r in prometheus.query("timestamp(up)")), timeout_s=20)
+    dash = json.loads(DASHBOARD.read_text())
+    empty, checked = [], 0
+    for title, expr in _queries(dash):
+        result = prometheus.query(_grafana(expr))
+        checked += 1
+        if not result:
+            empty.append(f"{title}: {_grafana(expr)}")
+    assert not empty, "queries Prometheus answered with no series:\n" + "\n".join(empty)
+    assert checked == sum(len(p.get("targets", [])) for p in dash["panels"]) and checked >= 20
+    # the panels show numbers: the speculative engine's acceptance rate and its TTFT p95 are finite
+    acc = prometheus.query(_grafana(next(e for t, e in _queries(dash) if "accepted_tokens_total" in e)))
+    assert any(r["metric"]["model"] == "tensorrt_llm" and 0 <= float(r["value"][1]) <= 1 for r in acc), acc
+    ttft95 = prometheus.query(_grafana(next(e for t, e in _queries(dash) if "histogram_quantile(0.95" in e
+                                            and "time_to_first_token" in e)))
+    assert any(r["metric"]["model"] == "tensorrt_llm" and float(r["value"][1]) > 0 for r in ttft95), ttft95
+    # the shipped rules: every one evaluates on the live series without an error
+    groups = prometheus.get("/api/v1/rules")["groups"]
+    rules = [r for g in groups for r in g["rules"]]
+    assert len(rules) == 12
+    bad = [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"]
+    assert not bad, bad
+    for name in ("model:trtspec_acceptance_rate:rate5m", "model:trtspec_decode_tokens_per_second:mean5m",
+                 "model:trtspec_time_to_first_token_seconds:p95_5m"):
+        got = prometheus.wait(f"{name} recorded", lambda: prometheus.query(name), timeout_s=5)
+        assert {r["metric"]["model"] for r in got} >= {"tensorrt_llm", "tensorrt_llm_baseline"}, got
