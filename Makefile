@@ -12,7 +12,7 @@ RECIPE ?= build_configs/tiny-cpu-draft-target.yaml
 # Re-install when the project's dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha256sum pyproject.toml | cut -c1-12)
 
-.PHONY: install models demo test test-fast lint clean-venv image
+.PHONY: install models demo test test-fast lint clean-venv image prometheus-tools
 
 install: $(STAMP)
 
@@ -47,8 +47,23 @@ lint: $(STAMP)
 
 # tiers: tests/unit (no trained models, no server), tests/engine (the trained tiny pair),
 # tests/serving (a real tritonserver), tests/pipeline (trtspec run end to end)
-test: lint
+test: lint prometheus-tools
 	$(PYTHON) -m pytest -q --durations=20 --basetemp="$(CURDIR)/.pytest_tmp" tests
+
+# promtool and prometheus, Debian's `prometheus` package (2.42 on Debian 12): the rules' unit tests
+# (tests/unit/test_prometheus_rules.py) and the dashboard evaluated by a real Prometheus
+# (tests/serving/test_openloop_serving.py). Nothing to do when both are on PATH; as root with apt-get
+# it installs them (without the recommended node exporter) and stops the daemon the package may
+# start (the tests run their own on a free port); otherwise it says how, and those tests skip.
+prometheus-tools:
+	@if command -v promtool >/dev/null && command -v prometheus >/dev/null; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "[prometheus-tools] apt-get install prometheus (promtool, prometheus; about 30 s)"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null || exit 1; \
+	  if command -v systemctl >/dev/null && systemctl is-active --quiet prometheus 2>/dev/null; then systemctl stop prometheus; fi; \
+	else \
+	  echo "[prometheus-tools] promtool/prometheus not found: run 'sudo apt-get install prometheus' (Debian, Ubuntu) or put Prometheus's own binaries on PATH; until then the Prometheus tests skip"; \
+	fi
 
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/unit
