@@ -29,7 +29,7 @@ def _recipe(tmp_path: pathlib.Path, target: pathlib.Path, draft: pathlib.Path | 
         "runtime": {"backend": "torch", "dtype": "float32", "device": "cpu", "torch_threads": 1},
         "limits": {"max_batch_size": 4, "max_input_len": 256, "max_seq_len": 512},
         "validation": {"prompts": "builtin:stdlib", "num_prompts": 3, "max_tokens": 16, "concurrency": [1],
-                       "requests_per_level": 3, "warmup_requests": 0,
+                       "requests_per_level": 3, "max_requests_per_level": 3, "warmup_requests": 0,
                        "gates": {"min_speedup": 0.01, "min_acceptance_rate": 0.0}},
         **over,
     }
@@ -105,7 +105,7 @@ def test_server_dying_mid_validation_fails_cleanly_and_rerun_completes(tmp_path,
     target, _ = tiny_models
     # enough validation work that it is still running when the server is killed, on any machine
     validation = {"prompts": "builtin:stdlib", "num_prompts": 6, "max_tokens": 64, "concurrency": [1],
-                  "requests_per_level": 12, "warmup_requests": 0,
+                  "requests_per_level": 12, "max_requests_per_level": 12, "warmup_requests": 0,
                   "gates": {"min_speedup": 0.01, "min_acceptance_rate": 0.0}}
     recipe = load_recipe(_recipe(tmp_path, target, None, name="pipe-dies", validation=validation))
     wd = tmp_path / "work"

@@ -40,7 +40,8 @@ def tiny_recipe(target, draft, **validation) -> dict:
                     "adaptive": {"enabled": False, "min_acceptance_rate": 0.05}},
         "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 1024},
         "validation": {"prompts": "builtin:code", "num_prompts": 4, "max_tokens": MAX_TOKENS, "concurrency": [1],
-                       "requests_per_level": 8, "warmup_requests": 1, **validation},
+                       "requests_per_level": 8, "max_requests_per_level": 8, "block_requests": 2, "warmup_requests": 1,
+                       **validation},
     }
 
 
@@ -236,7 +237,7 @@ def test_bench_and_validate_agree_on_openai_and_grpc_ports(openai_url, grpc_url,
 
     recipe = tiny_recipe(*tiny_models, sampled_check_samples=0,
                          gates={"min_speedup": 0.05, "at_concurrency": 1, "max_mismatch_rate": 0.0,
-                                "min_acceptance_rate": 0.0})
+                                "min_acceptance_rate": 0.0, "latency_tolerance": 10.0})
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     verdicts = {}

@@ -161,7 +161,7 @@ def test_trtspec_run_validates_through_tls_and_the_header(server, tiny_models):
 
     raw = tiny_recipe(*tiny_models)
     raw["validation"] = {"max_tokens": 16, "num_prompts": 2, "concurrency": [1], "requests_per_level": 2,
-                         "warmup_requests": 0}
+                         "max_requests_per_level": 2, "block_requests": 1, "warmup_requests": 0}
     grpc_url, opts = server.client_target()
     result = run_validation(grpc_url, parse_recipe(raw), client_options=opts)
     assert result.equivalence.mismatch_rate == 0.0 and result.bench.levels

@@ -29,7 +29,7 @@ def faulty_url(tiny_models, tmp_path_factory):
 def test_validate_catches_a_verifier_bug(faulty_url, tiny_models, tmp_path):
     # gates that a healthy deployment passes easily: only equivalence can fail it
     recipe = tiny_recipe(*tiny_models, gates={"min_speedup": 0.05, "max_mismatch_rate": 0.0,
-                                              "min_acceptance_rate": 0.0})
+                                              "min_acceptance_rate": 0.0, "latency_tolerance": 10.0})
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "validate"

@@ -32,8 +32,11 @@ def tiny_recipe(target, draft, **validation) -> dict:
                     # a low fixed break-even keeps the router on the speculative path on every prompt mix
                     "adaptive": {"enabled": True, "window": 64, "min_acceptance_rate": 0.05}},
         "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 1024},
+        # one-request blocks: the few requests still make paired blocks, so the gates see an interval;
+        # the budget is the minimum, so no level repeats (test time)
         "validation": {"prompts": "builtin:code", "num_prompts": 6, "max_tokens": 24, "concurrency": [1, 2],
-                       "requests_per_level": 4, "warmup_requests": 1, **validation},
+                       "requests_per_level": 4, "warmup_requests": 1, "block_requests": 1,
+                       "max_requests_per_level": validation.get("requests_per_level", 4), **validation},
     }
 
 
@@ -117,7 +120,7 @@ def test_validate_cli_end_to_end_deploys(url, tiny_models, tmp_path):
     is 'deploy speculative' and the exit code 0."""
     recipe = tiny_recipe(*tiny_models, sampled_check_samples=48,
                          gates={"min_speedup": 0.05, "at_concurrency": 1, "max_mismatch_rate": 0.0,
-                                "min_acceptance_rate": 0.0})
+                                "min_acceptance_rate": 0.0, "latency_tolerance": 10.0})
     path = tmp_path / "recipe.yaml"
     path.write_text(yaml.safe_dump(recipe))
     out = tmp_path / "validate"

@@ -300,6 +300,7 @@ def validate(urls, client, require_token_ids, config, out_dir, force, spec_model
                                      {url: eq for url, (eq, _) in result.replicas.items()}))
         style = "bold green" if v.deploy_speculative else "bold red"
         out.print(f"verdict: [{style}]{v.decision}[/]  (report: {os.path.join(out_dir, 'report.md')})")
+        out.print(f"  decided by: {escape(v.reason)}")
     sys.exit(result.exit_code)
 
 

@@ -63,7 +63,8 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
             detail += f" — gRPC {info.get('grpc')}, HTTP {info.get('http')}, metrics {info.get('metrics')}"
         if stage == "build" and what == "done" and "recommended_max_draft_len" in info:
             detail += (f" — recommended max_draft_len {info['recommended_max_draft_len']} "
-                       f"(configured {info['configured_max_draft_len']})")
+                       f"(configured {info['configured_max_draft_len']}; offline batch-1 estimate: the validate "
+                       "stage measures the served run, and the report says why if they disagree)")
         out.print(f"{icons[what]} {stage}{detail}")
 
     try:
@@ -95,6 +96,8 @@ def run_cmd(config: str, workdir: str | None, start: str | None, until: str | No
         if res.verdict is not None:
             style = "bold green" if res.verdict.get("deploy_speculative") else "bold yellow"
             out.print(f"[{style}]verdict: {res.verdict.get('decision')}[/]")
+            if res.verdict.get("reason"):
+                out.print(f"  decided by: {escape(res.verdict['reason'])}")
         if res.report_dir is not None:
             out.print(f"report: {res.report_dir / 'report.md'}")
     sys.exit(res.exit_code)

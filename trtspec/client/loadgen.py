@@ -6,7 +6,9 @@ slow drift of the machine (thermal, other load) falls on both alike. Within a bl
 each keep one request in flight (a closed loop, as GenAI-Perf's ``--concurrency``); the block's
 first ``c − 1`` requests are not measured, so measured requests see a settled loop rather than
 ``c`` prefills queued at once. The two models never run at the same time, so neither steals the
-other's compute.
+other's compute. With ``interval_width`` a level keeps adding blocks until the speedup's 95 %
+interval over the paired blocks (trtspec.client.intervals) is that narrow, or ``max_requests`` ran
+(:func:`stop_rule`).
 
 Several servers (replicas of one deployment): every block runs on all of them at once, ``c``
 requests in flight on each; each replica is summarized alone and all together (throughput over
