@@ -677,6 +677,9 @@ class Gates(Strict):
     at_concurrency: int = Field(1, ge=1)
     max_mismatch_rate: float = Field(0.0, ge=0, le=1, description="greedy prompts allowed to differ")
     min_acceptance_rate: float = Field(0.3, ge=0, le=1)
+    latency_tolerance: float = Field(
+        0.10, ge=0, le=10, description="tail gates at every validated concurrency: speculative P95 and P99 request "
+        "latency, TTFT p95 and ITL p95 <= baseline x (1 + latency_tolerance), on the ratio's 95 % upper bound")
 
 
 class Validation(Strict):
@@ -699,9 +702,6 @@ class Validation(Strict):
     )
     sampled_check_samples: int = Field(0, ge=0, description="samples per prompt for the sampled check")
     sampling: Sampling = Sampling()
-    latency_tolerance: float = Field(
-        0.10, ge=0, le=10, description="tail gates at every validated concurrency: speculative P95 and P99 request "
-        "latency, TTFT p95 and ITL p95 <= baseline x (1 + latency_tolerance), on the ratio's 95 % upper bound")
     gates: Gates = Gates()
 
     @field_validator("concurrency")
@@ -710,6 +710,20 @@ class Validation(Strict):
         if not v or any(c < 1 for c in v):
             raise ValueError("concurrency must be a non-empty list of integers >= 1, e.g. [1, 2, 4]")
         return v
+
+    @model_validator(mode="after")
+    def _budget(self) -> "Validation":
+        if self.max_requests_per_level is not None and self.max_requests_per_level < self.requests_per_level:
+            raise _FieldProblem(
+                "validation.max_requests_per_level", self.max_requests_per_level,
+                f"the request budget is below requests_per_level ({self.requests_per_level}); raise it to at "
+                f"least {self.requests_per_level} or lower requests_per_level")
+        return self
+
+    @property
+    def request_budget(self) -> int:
+        """Requests per model and level at most (``max_requests_per_level``, default 4 × the minimum)."""
+        return self.max_requests_per_level or 4 * self.requests_per_level
 
 
 # --------------------------------------------------------------------------------------------
@@ -725,20 +739,6 @@ class Recipe(Strict):
     speculation: Speculation
     runtime: RuntimeConfig = RuntimeConfig()
     limits: Limits = Limits()
-    @model_validator(mode="after")
-    def _budget(self) -> "Validation":
-        if self.max_requests_per_level is not None and self.max_requests_per_level < self.requests_per_level:
-            raise _FieldProblem(
-                "validation.max_requests_per_level", self.max_requests_per_level,
-                f"the request budget is below requests_per_level ({self.requests_per_level}); raise it to at "
-                f"least {self.requests_per_level} or lower requests_per_level")
-        return self
-
-    @property
-    def request_budget(self) -> int:
-        """Requests per model and level at most (``max_requests_per_level``, default 4 × the minimum)."""
-        return self.max_requests_per_level or 4 * self.requests_per_level
-
     serving: Serving = Serving()
     validation: Validation = Validation()
 
