@@ -399,12 +399,26 @@ def draft_option_problem(method: str, backend: str, draft_weight_only: str,
 
 
 class Adaptive(Strict):
-    """Run-time fallback: shrink or stop drafting when rolling acceptance falls below break-even."""
+    """Run-time draft length: shrink or stop drafting where speculation does not pay."""
 
     enabled: bool = True
-    window: int = Field(64, ge=4, le=100_000, description="draft tokens in the rolling window")
+    policy: Literal["goodput", "acceptance", "off"] = Field(
+        "goodput",
+        description="torch runtime, with enabled: how each step's draft length is chosen. goodput: one k "
+        "(0..max_draft_len) for the whole batch, the one with the most expected accepted tokens per second "
+        "from the measured per-position acceptance and the draft and verify costs measured at the live batch "
+        "size (SmartSpec; k 0 is ordinary decoding, no draft work). acceptance: each request's own k from its "
+        "rolling acceptance and batch-1 cost ratios (the controller before goodput). off: always "
+        "max_draft_len (as enabled: false). speculation.max_concurrency caps all three",
+    )
+    window: int = Field(64, ge=4, le=100_000, description="draft tokens in the rolling window (policy acceptance)")
     # None: derive break-even from the measured cost ratio (see trtspec.speculative.tune)
-    min_acceptance_rate: float | None = Field(None, ge=0, le=1)
+    min_acceptance_rate: float | None = Field(
+        None, ge=0, le=1,
+        description="acceptance below which drafting stops: per request (policy acceptance), or while the "
+        "batch's mean first-position acceptance is below it (policy goodput); the router's fallback reads it too. "
+        "None: from the measured costs",
+    )
 
 
 class TrtllmOptions(Strict):

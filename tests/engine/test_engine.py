@@ -203,9 +203,10 @@ def test_sampled_speculation_matches_target_distribution(pair, tokenizer):
     assert_three_token_law(target, draft, prompt, probs, params_kw)
 
 
-def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair, prompts):
-    """A randomly initialised draft is (almost) never accepted: the adaptive controller stops
-    drafting, so far fewer tokens are drafted than with a fixed draft length — same output."""
+@pytest.mark.parametrize("policy", ["goodput", "acceptance"])
+def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair, prompts, policy):
+    """A randomly initialised draft is (almost) never accepted: either policy stops drafting, so
+    far fewer tokens are drafted than with a fixed draft length — same output."""
     from trtspec.checkpoints.tiny import TinySettings, _init, _model_args
     from trtspec.speculative.model import CausalLM
 
@@ -217,13 +218,28 @@ def test_adaptive_drafting_backs_off_a_useless_draft(tiny_target, tmp_path, pair
     params = Sampling(max_tokens=48)
     fixed = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1)
     adaptive = Engine(target, DraftModelProposer(bad, 1, 1100), max_draft_len=4, max_batch_size=1,
-                      adaptive=True, adaptive_window=16)
+                      adaptive=True, adaptive_window=16, policy=policy)
     a = fixed.generate(prompts[:2], params)
     b = adaptive.generate(prompts[:2], params)
     assert [x.token_ids for x in a] == [x.token_ids for x in b]
     drafted_fixed = sum(x.stats.drafted for x in a)
     drafted_adaptive = sum(x.stats.drafted for x in b)
     assert drafted_adaptive < 0.5 * drafted_fixed
+
+
+def test_goodput_policy_greedy_is_token_identical_whatever_k_it_picks(pair, prompts, plain_outputs):
+    """runtime.adaptive.policy goodput: the batch's k changes from step to step (cold start,
+    exploration, the batch shrinking as requests finish); greedy output stays the plain one."""
+    target, draft = pair
+    eng = Engine(target, DraftModelProposer(draft, 4, 1100), max_draft_len=4, max_batch_size=4, adaptive=True,
+                 policy="goodput")
+    outs = eng.generate(prompts[:8], GREEDY)
+    assert [o.token_ids for o in outs] == plain_outputs[:8]
+    snap = eng.snapshot()
+    assert snap["policy"] == "goodput" and len(snap["chosen_k"]) >= 2, snap["chosen_k"]
+    assert sum(snap["chosen_k"].values()) == snap["steps"] > 0
+    assert all(0 <= o.stats.mean_draft_len <= 4 for o in outs)
+    assert sum(o.stats.drafted for o in outs) > 0
 
 
 # ---------------------------------------------------------------------------------- scripted models
@@ -686,3 +702,59 @@ def test_low_bit_linears_give_each_row_the_same_bits_in_any_batch():
         one = torch.cat([lin.forward(x[i:i + 1]) for i in range(6)])
         for m in (2, 3, 5, 6):
             assert torch.equal(lin.forward(x[:m]), one[:m]), (type(lin).__name__, m)
+
+
+class CountingProposer(ScriptedProposer):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.calls = 0
+
+    def propose(self, slots, seqs, ks, params, generators):
+        self.calls += 1
+        return super().propose(slots, seqs, ks, params, generators)
+
+
+def _synthetic_costs(eng: Engine, batch: int, verify, draft_token_s: float) -> None:
+    """The goodput policy's cells at ``batch`` measured as ``verify(k)`` seconds; no exploration."""
+    g = eng.goodput
+    g.explore_every = 0
+    for k in range(eng.max_draft_len + 1):
+        for _ in range(g.min_samples):
+            g.cost.add_verify(batch, k, verify(k))
+    g.cost.add_draft(batch, 1, draft_token_s)
+
+
+def test_goodput_k0_is_plain_decoding_without_a_proposer_call():
+    prop = CountingProposer()
+    eng = Engine(ScriptedLM(), prop, max_draft_len=3, max_batch_size=1, adaptive=True, policy="goodput")
+    _synthetic_costs(eng, 1, lambda k: 0.001 + 0.01 * (k + 1), 0.01)  # every token costs 10 ms
+    g = eng.generate([[0]], Sampling(max_tokens=12))[0]
+    assert g.token_ids == list(range(1, 13))
+    assert prop.calls == 0 and g.stats.drafted == 0 and g.stats.mean_draft_len == 0
+    assert eng.snapshot()["chosen_k"] == {"0": g.stats.steps}
+
+
+def test_goodput_drafts_max_k_when_drafts_are_free_and_always_accepted():
+    prop = CountingProposer()
+    eng = Engine(ScriptedLM(), prop, max_draft_len=3, max_batch_size=1, adaptive=True, policy="goodput")
+    _synthetic_costs(eng, 1, lambda k: 0.01, 0.0)  # a weight-bound 10 ms pass, free drafts
+    g = eng.generate([[0]], Sampling(max_tokens=40))[0]
+    assert g.token_ids == [t % 16 for t in range(1, 41)]
+    assert eng.goodput.chosen == {3: g.stats.steps}  # the policy's pick (the last step has room for 2 only)
+    assert g.stats.accepted == g.stats.drafted > 2 * g.stats.steps
+
+
+def test_max_concurrency_caps_the_goodput_policy():
+    prop = CountingProposer()
+    eng = Engine(ScriptedLM(), prop, max_draft_len=3, max_batch_size=2, max_concurrency=1, adaptive=True,
+                 policy="goodput")
+    outs = eng.generate([[0], [5]], Sampling(max_tokens=6, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [[1, 2, 3, 4, 5, 6], [6, 7, 8, 9, 10, 11]]
+    assert prop.calls == 0  # both requests decode side by side to the end
+
+
+def test_unknown_policy_is_refused_by_name():
+    from trtspec.errors import TrtspecError
+
+    with pytest.raises(TrtspecError, match="policy.*'bogus'"):
+        Engine(ScriptedLM(), ScriptedProposer(), adaptive=True, policy="bogus")

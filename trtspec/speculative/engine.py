@@ -11,8 +11,14 @@ One engine step, for every active request (row) at once:
 
 Requests join between steps (continuous batching): a new request is prefilled alone in a free
 slot, emits its first token, and takes part in the next batched step. Without a proposer (or
-when the adaptive controller sets k = 0) a step is ordinary decoding, so the same engine is the
+when the adaptive policy sets k = 0) a step is ordinary decoding, so the same engine is the
 baseline.
+
+Draft length (``adaptive`` + ``policy``): ``goodput`` chooses one k for the whole batch before
+each step from the measured acceptance and the measured costs at the live batch size
+(goodput.py, SmartSpec); ``acceptance`` keeps a per-request k from rolling acceptance and batch-1
+cost ratios (stats.AdaptiveDraftLength); ``off`` always drafts ``max_draft_len``.
+``max_concurrency`` caps all three: above it a step drafts nothing.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import torch
 
 from trtspec.acceptance import ema
 from trtspec.errors import TrtspecError, one_line
+from trtspec.speculative.goodput import GoodputPolicy
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
 from trtspec.speculative.proposers import Proposer
@@ -36,6 +43,9 @@ from trtspec.sampling import Sampling
 from trtspec.speculative.sampling import greedy_token, logits_to_probs, sample
 from trtspec.speculative.stats import AdaptiveDraftLength, RequestStats
 from trtspec.speculative.verify import verify_greedy, verify_sampled
+
+
+POLICIES = ("goodput", "acceptance", "off")  # runtime.adaptive.policy
 
 
 class RequestError(TrtspecError):
@@ -109,6 +119,7 @@ class Engine:
         adaptive: bool = False,
         adaptive_window: int = 64,
         min_acceptance_rate: float | None = None,
+        policy: str = "goodput",
         verify_greedy_fn=verify_greedy,
         verify_sampled_fn=verify_sampled,
     ):
@@ -127,9 +138,14 @@ class Engine:
         self.cache = target.new_cache(max_batch_size, max_seq_len + self.max_draft_len + 2)
         self.valid = [0] * max_batch_size  # target cache holds committed[:valid]; committed[-1] is pending
         self.slots: list[_Slot | None] = [None] * max_batch_size
-        self.adaptive = adaptive and proposer is not None
+        if policy not in POLICIES:
+            raise TrtspecError(f"runtime.adaptive.policy: unknown policy {policy!r}", fix=f"use one of {POLICIES}")
+        self.policy = policy if adaptive and proposer is not None else "off"
+        self.adaptive = self.policy == "acceptance"  # the per-request controller (AdaptiveDraftLength)
+        self.goodput = GoodputPolicy(self.max_draft_len) if self.policy == "goodput" else None
         self.adaptive_window = adaptive_window
         self.min_acceptance_rate = min_acceptance_rate
+        self.chosen_k: collections.Counter = collections.Counter()  # draft length asked of the proposer → steps
         # measured step costs (seconds, EMA) for the adaptive controller and `trtspec tune`
         # overhead: a step's wall time outside drafting and verifying (sampling, bookkeeping, and in a
         # server the loop's work between steps); speculation pays it once per pass, not per token
@@ -223,12 +239,12 @@ class Engine:
             return int(greedy_token(logits))
         return int(sample(logits_to_probs(logits, params), gen))
 
-    def _draft_len(self, s: _Slot) -> int:
+    def _draft_len(self, s: _Slot, batch_k: int | None = None) -> int:
         room = min(
             s.req.params.max_tokens - s.stats.generated,  # tokens still allowed
             self.max_seq_len - len(s.seq),
         )
-        k = s.adaptive.k if s.adaptive else self.max_draft_len
+        k = batch_k if batch_k is not None else s.adaptive.k if s.adaptive else self.max_draft_len
         if s.external:
             k = len(s.external)
         return max(0, min(k, room - 1))  # a step can emit k + 1 tokens
@@ -271,9 +287,12 @@ class Engine:
             return []
         slots = [self.slots[i] for i in rows]
         B = len(rows)
-        ks = [self._draft_len(s) for s in slots]
-        if self.max_concurrency is not None and B > self.max_concurrency:  # rows share one read of the
-            ks = [k if s.external else 0 for k, s in zip(ks, slots)]     # weights: plain decoding pays more
+        capped = self.max_concurrency is not None and B > self.max_concurrency  # rows share one read of
+        batch_k = self._batch_draft_len(B, slots) if self.goodput is not None and not capped else None  # the weights
+        ks = [self._draft_len(s, batch_k) for s in slots]
+        if capped:  # plain decoding pays more than speculation there
+            ks = [k if s.external else 0 for k, s in zip(ks, slots)]
+        ext = [bool(s.external) for s in slots]
         t0 = time.perf_counter()
 
         # 1. propose
@@ -338,18 +357,46 @@ class Engine:
         draft_s = (t1 - t0 + (t3 - t2)) if self.proposer is not None and K > 0 else 0.0
         verify_s = t2 - t1
         self._measure(draft_s, verify_s, K, sum(n_drafted))
+        self.chosen_k[max(ks, default=0)] += 1
+        if self.goodput is not None:  # capped steps too: they measure (B, 0)
+            # external drafts (the client's) say nothing about the proposer's acceptance
+            self.goodput.observe(B, K, verify_s, draft_s,
+                                 [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)])
         if self._last_step_end is not None and t0 - self._last_step_end < 0.05:
             # this step's wall time since the last one ended, less what draft and verify took
             self._measure_overhead(t3 - self._last_step_end - draft_s - verify_s)
         events = []
         for b, (r, s) in enumerate(zip(rows, slots)):
             k_b = n_drafted[b]
-            s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s, batch=B)
+            s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s, batch=B,
+                                draft_len=ks[b])
             if s.adaptive is not None:
                 s.adaptive.update(k_b, accepted[b], self._cost_ratio(), self._verify_ratio())
             events.append(self._commit(r, new[b], t3, lps[b]))
         self._last_step_end = t3  # the next step's overhead starts here: this step's commit is part of it
         return events
+
+    def _batch_draft_len(self, batch: int, slots: list[_Slot]) -> int:
+        """The goodput policy's k for this step (goodput.py): rows' per-position acceptance, the
+        costs at this batch size, the measured per-step overhead."""
+        g = self.goodput
+        dep = g.deployment_alphas()
+        alphas = [g.row_alphas(s.stats.reached, s.stats.accepted_at, dep) for s in slots]
+        if self.min_acceptance_rate is not None and alphas and alphas[0]:
+            if sum(a[0] for a in alphas) / len(alphas) < self.min_acceptance_rate:
+                return 0  # the recipe's floor: below it the batch does not draft
+        return g.choose(batch, alphas, self.cost["overhead"] or 0.0)
+
+    def snapshot(self) -> dict:
+        """The draft-length policy's state: the k chosen per step so far, and the goodput
+        policy's costs and acceptance (metrics, benchmarks)."""
+        steps = sum(self.chosen_k.values())
+        out = {"policy": self.policy, "steps": steps,
+               "mean_draft_len": round(sum(k * n for k, n in self.chosen_k.items()) / steps, 4) if steps else 0.0,
+               "chosen_k": {str(k): n for k, n in sorted(self.chosen_k.items())}}
+        if self.goodput is not None:
+            out["goodput"] = self.goodput.snapshot()
+        return out
 
     def _measure(self, draft_s: float, verify_s: float, K: int, drafted: int) -> None:
         """EMA of the costs the adaptive controller and `tune` need."""

@@ -99,6 +99,7 @@ def build_engine(spec: RuntimeSpec) -> Engine:
         adaptive=spec.runtime.adaptive.enabled,
         adaptive_window=spec.runtime.adaptive.window,
         min_acceptance_rate=spec.runtime.adaptive.min_acceptance_rate,
+        policy=spec.runtime.adaptive.policy,
         **verifiers,
     )
 

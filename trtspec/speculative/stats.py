@@ -17,12 +17,20 @@ from trtspec.acceptance import expected_speedup
 
 class _Acceptance:
     """acceptance rate and length from ``drafted``, ``accepted`` and ``steps`` (target passes);
-    the mean batch of those passes from ``batch_rows``."""
+    the mean batch of those passes from ``batch_rows``, the mean draft length asked of the
+    proposer from ``draft_len_sum``."""
 
     drafted: int
     accepted: int
     steps: int
     batch_rows: int
+    draft_len_sum: int
+
+    @property
+    def mean_draft_len(self) -> float:
+        """The draft length k the engine chose per target pass, averaged (the proposer may draft
+        fewer: an n-gram without a match, a request near its max tokens)."""
+        return self.draft_len_sum / self.steps if self.steps else 0.0
 
     @property
     def mean_batch(self) -> float:
@@ -47,6 +55,7 @@ class RequestStats(_Acceptance):
     accepted: int = 0
     steps: int = 0  # target verification passes after prefill
     batch_rows: int = 0  # Σ over those passes of the rows in the pass (this request's included)
+    draft_len_sum: int = 0  # Σ over those passes of the draft length chosen for this request
     tokens_per_step: collections.Counter = field(default_factory=collections.Counter)  # n+1 → count
     reached: list[int] = field(default_factory=list)  # draft position i (0-based) was verified
     accepted_at: list[int] = field(default_factory=list)  # draft position i was accepted
@@ -62,9 +71,11 @@ class RequestStats(_Acceptance):
     peak_rss_bytes: int = 0
     peak_device_bytes: int = 0
 
-    def record_step(self, *, drafted: int, accepted: int, draft_s: float, verify_s: float, batch: int = 1) -> None:
+    def record_step(self, *, drafted: int, accepted: int, draft_s: float, verify_s: float, batch: int = 1,
+                    draft_len: int | None = None) -> None:
         self.steps += 1
         self.batch_rows += batch
+        self.draft_len_sum += drafted if draft_len is None else draft_len
         self.drafted += drafted
         self.accepted += accepted
         self.tokens_per_step[accepted + 1] += 1
@@ -105,6 +116,7 @@ class RequestStats(_Acceptance):
             "acceptance_length": round(self.acceptance_length, 4),
             "target_passes": self.steps,
             "mean_batch": round(self.mean_batch, 3),
+            "mean_draft_len": round(self.mean_draft_len, 3),
             "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
             "draft_s": round(self.draft_s, 6),
             "verify_s": round(self.verify_s, 6),
@@ -128,6 +140,7 @@ class Aggregate(_Acceptance):
     accepted: int = 0
     steps: int = 0
     batch_rows: int = 0
+    draft_len_sum: int = 0
     draft_s: float = 0.0
     verify_s: float = 0.0
     tokens_per_step: collections.Counter = field(default_factory=collections.Counter)
@@ -142,6 +155,7 @@ class Aggregate(_Acceptance):
         self.accepted += s.accepted
         self.steps += s.steps
         self.batch_rows += s.batch_rows
+        self.draft_len_sum += s.draft_len_sum
         self.draft_s += s.draft_s
         self.verify_s += s.verify_s
         self.tokens_per_step.update(s.tokens_per_step)
@@ -167,6 +181,7 @@ class Aggregate(_Acceptance):
             "acceptance_length": round(self.acceptance_length, 4),
             "target_passes": self.steps,
             "mean_batch": round(self.mean_batch, 3),
+            "mean_draft_len": round(self.mean_draft_len, 3),
             "per_position_acceptance": [round(x, 4) for x in self.per_position_acceptance()],
             "tokens_per_step": {str(k): v for k, v in sorted(self.tokens_per_step.items())},
             "draft_s": round(self.draft_s, 4),

@@ -88,7 +88,7 @@ def tune(
         raise ValueError("tune needs a proposer (a draft model, EAGLE head or n-gram)")
     k_max = k_max or engine.max_draft_len
     engine.max_draft_len = k_max
-    engine.adaptive = False
+    engine.adaptive, engine.goodput, engine.policy = False, None, "off"  # drafts of k_max: α_i at every i
     outs = engine.generate(prompts, Sampling(max_tokens=max_new_tokens))
     agg = Aggregate()
     for o in outs:

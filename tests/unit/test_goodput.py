@@ -1,0 +1,109 @@
+"""The goodput draft-length policy (trtspec.speculative.goodput) on synthetic costs: no model, no torch."""
+
+from __future__ import annotations
+
+import pytest
+
+from trtspec.speculative.goodput import CostModel, GoodputPolicy, fit_line
+
+
+def _policy(verify, draft_per_token: float, batches=(1, 2, 4, 8), max_k: int = 4, **kw) -> GoodputPolicy:
+    """A policy whose every (B, k) cell was measured ``min_samples`` times at ``verify(B, k)``."""
+    p = GoodputPolicy(max_k, **kw)
+    for B in batches:
+        for k in range(max_k + 1):
+            for _ in range(p.min_samples):
+                p.cost.add_verify(B, k, verify(B, k))
+    p.cost.add_draft(1, 1, draft_per_token)
+    return p
+
+
+def test_fit_line_recovers_a_and_b_from_noisy_samples():
+    import random
+
+    rng = random.Random(0)
+    pts = [(t, 0.02 + 0.003 * t + rng.gauss(0, 0.0005)) for t in range(1, 41) for _ in range(3)]
+    a, b = fit_line(pts)
+    assert a == pytest.approx(0.02, abs=0.001) and b == pytest.approx(0.003, rel=0.05)
+    assert fit_line([(5, 0.1), (5, 0.2)]) is None  # one pass size: no slope
+    assert fit_line([(1, 0.3), (10, 0.1)]) == (pytest.approx(0.2), 0.0)  # negative slope: noise, flat at the mean
+
+
+def test_cost_model_uses_a_cell_median_once_measured_else_the_line():
+    c = CostModel(min_samples=3)
+    for B, k in ((1, 0), (1, 4), (8, 0)):  # verify = 0.01 + 0.002·B·(k+1)
+        for _ in range(3):
+            c.add_verify(B, k, 0.01 + 0.002 * B * (k + 1))
+    assert c.verify(4, 1) == pytest.approx(0.01 + 0.002 * 8)  # never measured: from the line
+    c.add_verify(1, 0, 5.0)  # one step while another tenant held the cores
+    assert c.verify(1, 0) == pytest.approx(0.012)  # the median ignores it
+    assert c.draft(4, 2) is None and c.draft(4, 0) == 0.0
+    c.add_draft(2, 3, 0.003)
+    assert c.draft(4, 2) == pytest.approx(0.002)  # per token, from the nearest measured batch size
+
+
+def test_policy_picks_k0_when_verify_at_the_batch_size_makes_speculation_lose():
+    """Verify cost grows with every token (compute-bound): at batch 8 one plain pass is the best buy."""
+    p = _policy(lambda B, k: 0.004 + 0.004 * B * (k + 1), 0.0005)
+    alphas = [[0.7] * 4] * 8
+    k, g = p.best(8, alphas)
+    assert k == 0, g
+    assert all(g[0] > g[j] for j in range(1, 5))
+
+
+def test_policy_picks_max_k_when_drafts_are_cheap_and_accepted():
+    p = _policy(lambda B, k: 0.02 + 0.0002 * B * (k + 1), 0.0002)
+    assert p.best(1, [[0.95] * 4])[0] == 4
+    assert p.best(4, [[0.95] * 4] * 4)[0] == 4
+
+
+def test_policy_drafts_less_as_the_batch_grows():
+    """verify = 0.01 + 0.004·B·(k+1), 0.5 ms per draft token, α = 0.7 at every position: by hand,
+    goodput peaks at k = 2 for one row, 1 for two and four, 0 for eight."""
+    p = _policy(lambda B, k: 0.01 + 0.004 * B * (k + 1), 0.0005)
+    assert [p.best(B, [[0.7] * 4] * B)[0] for B in (1, 2, 4, 8)] == [2, 1, 1, 0]
+
+
+def test_a_rejecting_request_drafts_nothing_while_the_deployment_accepts():
+    p = _policy(lambda B, k: 0.02 + 0.002 * B * (k + 1), 0.001)
+    for _ in range(200):  # the deployment: two requests, most drafts accepted
+        p.observe(2, 4, 0.04, 0.004, [(4, 4), (4, 2)])
+    dep = p.deployment_alphas()
+    assert dep[0] > 0.9
+    assert p.best(1, [p.row_alphas([], [], dep)])[0] == 4  # a new request starts from the deployment's α
+    rejecting = p.row_alphas([100, 0, 0, 0], [0, 0, 0, 0], dep)  # 100 verified first positions, none accepted
+    assert rejecting[0] < 0.1
+    assert p.best(1, [rejecting])[0] == 0
+
+
+def test_policy_cold_start_measures_max_k_then_0_then_decides_and_explores():
+    p = GoodputPolicy(4, explore_every=8)
+    cost = {0: 0.01, 1: 0.011, 2: 0.012, 3: 0.013, 4: 0.014}
+    chosen, why = [], []
+    for _ in range(64):
+        k = p.choose(1, [[0.9] * 4])
+        chosen.append(k)
+        why.append(p.last["why"])
+        p.observe(1, k, cost[k], 0.0005 * k, [(k, k)])
+    assert chosen[:2] == [4, 0] and why[:2] == ["cold start", "cold start"]
+    assert set(why[2:]) == {"goodput", "explore"}
+    assert all(w == "explore" for i, w in enumerate(why) if i >= 2 and i % 8 != 7 and w != "goodput")
+    # every length got measured, and most steps go to the best one
+    assert all(p.cost.samples_at(1, k) >= 1 for k in range(5))
+    assert chosen.count(4) > 40
+
+
+def test_policy_with_no_draft_length_always_decodes_plainly():
+    p = GoodputPolicy(0)
+    assert p.choose(3, [[]] * 3) == 0
+
+
+def test_recipe_policy_is_checked_by_name_and_defaults_to_goodput():
+    from trtspec.config import Adaptive
+    from trtspec.errors import ConfigErrors
+    from trtspec.speculative.spec import RuntimeSpec
+
+    assert Adaptive().policy == "goodput"
+    assert RuntimeSpec(target="/t", runtime={"adaptive": {"enabled": True, "policy": "off"}}).runtime.adaptive.policy == "off"
+    with pytest.raises(ConfigErrors, match="policy"):
+        RuntimeSpec(target="/t", runtime={"adaptive": {"policy": "fastest"}})

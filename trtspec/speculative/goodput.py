@@ -1,0 +1,240 @@
+"""Goodput-driven draft length: one k (0 … max_draft_len) for the whole batch, before each step.
+
+SmartSpec (Liu et al. 2024, arXiv 2406.14066): pick the speculation length that maximises the
+expected *goodput* of the next step, accepted tokens per second,
+
+    G(k) = Σ_rows E[tokens](α_row, k) / (draft(B, k) + verify(B, k) + overhead),
+
+with E[tokens](α, k) = 1 + Σ_{i≤k} Π_{j≤i} α_j (trtspec.acceptance.expected_tokens) and the costs
+measured on this machine *at the live batch size B*. k = 0 is ordinary decoding: no draft work.
+One k per batch, as SmartSpec: the verify pass is [B, k+1] whatever each row would prefer, so a
+row drafting less than the others saves draft time only.
+
+Why the batch size matters: where a pass reads every weight once (CPU, a memory-bound GPU), B
+plain rows share that read, while a verify pass over B·(k+1) tokens costs more than the engine's
+batch-1 ratios say; at some B every extra token costs more than it brings (the Qwen pair lost at
+concurrency 2 with a fixed k). The costs:
+
+  verify(B, k)  the cell's own median (last 9 samples) once it has ``min_samples`` samples, else
+                a least-squares line a + b·T over the measured cells, T = B·(k+1) tokens per pass
+                (SmartSpec models a batch's time as linear in its batched tokens);
+  draft(B, k)   k · d_B, d_B the median seconds per draft token at B rows (the nearest measured
+                B while B has none);
+  overhead      the step's time outside drafting and verifying (Engine.cost["overhead"]).
+
+Acceptance per position α_i: a row's own counts, shrunk toward the deployment's with a prior of
+``prior_strength`` pseudo-observations, so a request with a long history decides by itself and a
+new one starts from what the deployment measured. The deployment's counts decay (``decay`` per
+step) so a change of traffic shows within a few hundred steps.
+
+Exploration: a cell nobody measured would otherwise never be chosen, nor corrected. Every
+``explore_every``-th step at batch B the least-measured other k of B runs if it has fewer than
+``min_samples`` samples, and every ``4·explore_every``-th step regardless (a cell measured while
+another tenant loaded the machine is measured again). While the costs cannot be fitted yet (fewer than two pass sizes seen),
+the first step drafts ``max_k`` and the next ones measure k = 0 and then the other lengths.
+
+No torch: unit tests drive it with synthetic costs.
+"""
+
+from __future__ import annotations
+
+import collections
+import statistics
+from dataclasses import dataclass, field
+
+from trtspec.acceptance import expected_tokens
+
+
+@dataclass
+class _Cell:
+    """The median of the last ``keep`` samples, and how many were taken in all. A median: on a
+    shared machine one step in a few dozen takes 10x as long (another tenant), and a mean would
+    carry that for many steps."""
+
+    keep: int = 9
+    n: int = 0
+    recent: collections.deque = field(default_factory=collections.deque)
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.recent.append(x)
+        if len(self.recent) > self.keep:
+            self.recent.popleft()
+
+    @property
+    def value(self) -> float:
+        return statistics.median(self.recent)
+
+
+class CostModel:
+    """Seconds of a step's draft and verify parts at batch size B, from the steps the engine ran."""
+
+    def __init__(self, min_samples: int = 3):
+        self.min_samples = min_samples
+        self.cells: dict[tuple[int, int], _Cell] = {}  # (B, k) → verify seconds
+        self.draft_token: dict[int, _Cell] = {}  # B → seconds per draft token
+        self._line: tuple[float, float] | None = None
+        self._dirty = False
+
+    def add_verify(self, batch: int, k: int, seconds: float) -> None:
+        self.cells.setdefault((batch, k), _Cell()).add(seconds)
+        self._dirty = True
+
+    def add_draft(self, batch: int, k: int, seconds: float) -> None:
+        """``seconds`` for drafting ``k`` tokens for each of ``batch`` rows (catch-up included)."""
+        if k > 0:
+            self.draft_token.setdefault(batch, _Cell()).add(seconds / k)
+
+    def samples_at(self, batch: int, k: int) -> int:
+        c = self.cells.get((batch, k))
+        return c.n if c else 0
+
+    def line(self) -> tuple[float, float] | None:
+        """(a, b) of verify ≈ a + b·T, T = B·(k+1), least squares over the measured cells (each
+        cell's median, one point per cell: a cell measured every step would otherwise outweigh
+        the rest); None while fewer than two pass sizes were seen. b is kept ≥ 0 (a pass is
+        never cheaper for holding more tokens; a negative slope is noise)."""
+        if self._dirty:
+            self._dirty = False
+            self._line = fit_line([(b * (k + 1), c.value) for (b, k), c in self.cells.items()])
+        return self._line
+
+    def verify(self, batch: int, k: int) -> float | None:
+        c = self.cells.get((batch, k))
+        if c is not None and c.n >= self.min_samples:
+            return c.value
+        ab = self.line()
+        if ab is None:
+            return c.value if c is not None else None
+        return ab[0] + ab[1] * batch * (k + 1)
+
+    def draft(self, batch: int, k: int) -> float | None:
+        if k == 0:
+            return 0.0
+        if not self.draft_token:
+            return None
+        nearest = min(self.draft_token, key=lambda b: (abs(b - batch), b))
+        return k * self.draft_token[nearest].value
+
+    def table(self) -> dict:
+        """The fitted line and each measured cell (for snapshots and the benchmark)."""
+        ab = self.line()
+        return {"verify_line_s": None if ab is None else {"a": ab[0], "b_per_token": ab[1]},
+                "verify_s": {f"{b},{k}": round(m.value, 6) for (b, k), m in sorted(self.cells.items())},
+                "draft_token_s": {str(b): round(m.value, 6) for b, m in sorted(self.draft_token.items())}}
+
+
+def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares (a, b) of y ≈ a + b·x with b ≥ 0; None with fewer than two distinct x."""
+    n = len(points)
+    if n < 2:
+        return None
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    sxx = sum((x - mx) ** 2 for x, _ in points)
+    if sxx <= 0:
+        return None
+    b = max(0.0, sum((x - mx) * (y - my) for x, y in points) / sxx)
+    return my - b * mx, b
+
+
+class GoodputPolicy:
+    """Chooses the batch's draft length each step; the engine reports what each step cost and
+    how many draft tokens each row had accepted (:meth:`observe`)."""
+
+    def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, prior_strength: float = 8.0,
+                 prior_alpha: float = 0.6, decay: float = 0.995):
+        self.max_k = max_k
+        self.cost = CostModel(min_samples=min_samples)
+        self.min_samples = min_samples
+        self.explore_every = explore_every
+        self.prior_strength = prior_strength
+        self.prior_alpha = prior_alpha
+        self.decay = decay
+        self.reached = [0.0] * max_k  # deployment: draft position i was verified (decayed counts)
+        self.accepted_at = [0.0] * max_k  # … and accepted
+        self.steps_at: collections.Counter = collections.Counter()  # B → steps chosen at B
+        self.chosen: collections.Counter = collections.Counter()  # k → steps
+        self.last: dict = {}  # the last decision: batch, k, why, expected goodput per k
+
+    # ---------------------------------------------------------------- acceptance
+
+    def deployment_alphas(self) -> list[float]:
+        """α_i of the deployment; a position never verified takes the one before it (the prior first)."""
+        out, prev = [], self.prior_alpha
+        for r, a in zip(self.reached, self.accepted_at):
+            prev = (a + 2.0 * prev) / (r + 2.0)
+            out.append(prev)
+        return out
+
+    def row_alphas(self, reached: list[int], accepted_at: list[int], deployment: list[float] | None = None) -> list[float]:
+        """α_i of one request: its own counts with ``prior_strength`` pseudo-counts of the deployment's α_i."""
+        dep = deployment if deployment is not None else self.deployment_alphas()
+        m = self.prior_strength
+        return [((accepted_at[i] if i < len(accepted_at) else 0) + m * dep[i])
+                / ((reached[i] if i < len(reached) else 0) + m) for i in range(self.max_k)]
+
+    # ---------------------------------------------------------------- the decision
+
+    def goodput(self, batch: int, rows_alphas: list[list[float]], k: int, overhead: float = 0.0) -> float | None:
+        """Expected accepted tokens per second of one step at draft length k (None: a cost unknown)."""
+        v, d = self.cost.verify(batch, k), self.cost.draft(batch, k)
+        if v is None or d is None:
+            return None
+        tokens = sum(expected_tokens(a, k) for a in rows_alphas)
+        return tokens / max(v + d + overhead, 1e-9)
+
+    def best(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0) -> tuple[int, dict[int, float]]:
+        """The k with the highest expected goodput (ties: the shorter draft), and every k's figure;
+        (-1, …) while some k has no cost estimate."""
+        g = {k: self.goodput(batch, rows_alphas, k, overhead) for k in range(self.max_k + 1)}
+        if any(v is None for v in g.values()):
+            return -1, {k: v for k, v in g.items() if v is not None}
+        return max(g, key=lambda k: (g[k], -k)), g
+
+    def choose(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0) -> int:
+        """The draft length of the next step at ``batch`` rows, exploration included."""
+        if self.max_k == 0:
+            return 0
+        n = self.steps_at[batch]
+        self.steps_at[batch] += 1
+        k, g = self.best(batch, rows_alphas, overhead)
+        why = "goodput"
+        if k < 0:  # cold start: something has no estimate; measure max_k, then 0, then the rest
+            k, why = self._least_measured(batch, prefer=(self.max_k, 0)), "cold start"
+        elif self.explore_every and n % self.explore_every == self.explore_every - 1:
+            e = self._least_measured(batch, skip=k)
+            refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
+            if refresh or self.cost.samples_at(batch, e) < self.min_samples:
+                k, why = e, "explore"
+        self.chosen[k] += 1
+        self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()}}
+        return k
+
+    def _least_measured(self, batch: int, prefer: tuple[int, ...] = (), skip: int = -1) -> int:
+        for k in prefer:
+            if self.cost.samples_at(batch, k) == 0 and (k > 0 or self.cost.draft_token):
+                return k
+        return min((k for k in range(self.max_k + 1) if k != skip),
+                   key=lambda k: (self.cost.samples_at(batch, k), -k))
+
+    def observe(self, batch: int, k: int, verify_s: float, draft_s: float,
+                rows: list[tuple[int, int]]) -> None:
+        """One step ran: a [batch, k+1] verify pass, ``draft_s`` of drafting, and per row
+        (drafted, accepted) of the proposer's tokens."""
+        self.cost.add_verify(batch, k, verify_s)
+        self.cost.add_draft(batch, k, draft_s)
+        if not any(d for d, _ in rows):
+            return
+        self.reached = [r * self.decay for r in self.reached]
+        self.accepted_at = [a * self.decay for a in self.accepted_at]
+        for drafted, accepted in rows:
+            for i in range(min(accepted + 1, drafted, self.max_k)):
+                self.reached[i] += 1
+                if i < accepted:
+                    self.accepted_at[i] += 1
+
+    def snapshot(self) -> dict:
+        return {"policy": "goodput", "chosen_k": {str(k): n for k, n in sorted(self.chosen.items())},
+                "deployment_acceptance": [round(a, 4) for a in self.deployment_alphas()],
+                "last": self.last, **self.cost.table()}
