@@ -107,3 +107,16 @@ def test_recipe_policy_is_checked_by_name_and_defaults_to_goodput():
     assert RuntimeSpec(target="/t", runtime={"adaptive": {"enabled": True, "policy": "off"}}).runtime.adaptive.policy == "off"
     with pytest.raises(ConfigErrors, match="policy"):
         RuntimeSpec(target="/t", runtime={"adaptive": {"policy": "fastest"}})
+
+
+def test_engine_model_exports_the_mean_draft_length_per_request():
+    from trtspec.speculative.stats import RequestStats
+    from trtspec.triton.backend.engine import engine_metric_specs, finished_metric_ops
+
+    s = RequestStats(generated=9)
+    for k in (4, 0, 2):  # a goodput engine's choices for this request, step by step
+        s.record_step(drafted=k, accepted=k // 2, draft_s=0.0, verify_s=0.0, batch=2, draft_len=k)
+    assert s.mean_draft_len == 2.0 and s.to_dict()["mean_draft_len"] == 2.0
+    spec = {name: buckets for name, _, _, buckets, _ in engine_metric_specs(4)}
+    assert spec["trtspec_draft_len"] == (0.0, 1.0, 2.0, 3.0, 4.0)
+    assert ("observe", "trtspec_draft_len", 2.0, {}) in finished_metric_ops(s, rss=1)

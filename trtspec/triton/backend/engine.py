@@ -61,6 +61,8 @@ def engine_metric_specs(max_draft_len: int) -> list[tuple]:
          "COUNTER", None, {}),
         ("trtspec_acceptance_length", "Tokens per target pass, per request (acceptance length)",
          "HISTOGRAM", al_buckets, {}),
+        ("trtspec_draft_len", "Draft length the engine chose per target pass, averaged per request "
+         "(runtime.adaptive.policy; 0 = ordinary decoding)", "HISTOGRAM", tuple(x - 1 for x in al_buckets), {}),
         ("trtspec_draft_seconds", "Time spent drafting, per request", "HISTOGRAM", SECONDS_BUCKETS, {}),
         ("trtspec_verify_seconds", "Time spent in target verification passes, per request",
          "HISTOGRAM", SECONDS_BUCKETS, {}),
@@ -92,6 +94,7 @@ def finished_metric_ops(stats, cancelled: bool = False, rss: int | None = None) 
         ops.append(("increment", "trtspec_requests_cancelled_total", 1, {}))
     if stats.steps:
         ops.append(("observe", "trtspec_acceptance_length", stats.acceptance_length, {}))
+        ops.append(("observe", "trtspec_draft_len", stats.mean_draft_len, {}))
     if stats.generated:
         ops.append(("observe", "trtspec_tokens_per_second", stats.tokens_per_s, {}))
         ops.append(("observe", "trtspec_time_to_first_token_seconds", stats.ttft_s, {}))
