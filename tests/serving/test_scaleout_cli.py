@@ -58,6 +58,8 @@ def test_deploy_k8s_writes_the_folder_and_says_how_to_apply_shift_and_roll_back(
     assert "8 GPU(s) each, launch orchestrator_prespawn (MPI world 10)" in res.output
     assert f"rollback: {out / 'rollout.sh'} 0" in res.output
     assert f"apply:    kubectl apply -f {out / 'k8s'}" in res.output
+    assert f"alerts:   kubectl apply -f {out / 'monitoring'}" in res.output
+    assert (out / "monitoring" / "prometheus-operator.yaml").is_file()
     hpa = [o for o in yaml.safe_load_all((out / "k8s" / "speculative.yaml").read_text())
            if o["kind"] == "HorizontalPodAutoscaler"][0]
     assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"], hpa["metadata"]["namespace"]) == (2, 6, "llm")

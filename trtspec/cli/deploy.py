@@ -94,5 +94,7 @@ def deploy_k8s(config, out_dir, build_dir, target, draft, opts, force, as_json):
         err.print("note: serving.tls is for `trtspec serve`; in the cluster the mesh's STRICT mTLS "
                   "(k8s/virtualservice.yaml) encrypts the pods' traffic", markup=False)
     out.print(f"apply:    {m['commands']['apply']}", markup=False)
+    out.print(f"alerts:   {m['commands']['monitoring']}   (clusters with the Prometheus Operator: "
+              "scraping and trtspec's alerts, docs/validation.md)", markup=False)
     out.print(f"shift:    {m['commands']['rollout']}", markup=False)
     out.print(f"rollback: {m['commands']['rollback']}", markup=False)
