@@ -6,6 +6,8 @@ almost never accepted, so the rolling acceptance falls below break-even after th
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from tests.serving.triton_stream import generate, metric, metrics
 
@@ -50,6 +52,11 @@ def server(tiny_target, random_draft, tmp_path_factory):
 
 def test_fallback_engages_below_break_even_and_keeps_probing(server):
     url = server.endpoints.grpc
+    # before any request: nothing measured (NaN, not 0), the recipe's break-even known
+    m = metrics(server.endpoints.metrics)
+    assert math.isnan(metric(m, "trtspec_router_rolling_acceptance_rate", model="router"))
+    assert metric(m, "trtspec_router_break_even_acceptance_rate", model="router") == pytest.approx(0.3)
+    assert metric(m, "trtspec_router_break_even_unknown", model="router") == 0
     replies = [generate(url, "ensemble", f"def f{i}(x):\n    return", max_tokens=16) for i in range(10)]
     assert all(r.error is None for r in replies), [r.error for r in replies]
     served = [r.last["served_by"] for r in replies]
@@ -72,3 +79,5 @@ def test_fallback_engages_below_break_even_and_keeps_probing(server):
     assert metric(m, "trtspec_router_requests_total", model="router", path="speculative", reason="probe") == 1
     assert metric(m, "trtspec_router_rolling_acceptance_rate", model="router") < 0.3
     assert metric(m, "trtspec_router_break_even_acceptance_rate", model="router") == pytest.approx(0.3)
+    assert metric(m, "trtspec_router_fallback_changes_total", model="router", change="enter") == 1
+    assert metric(m, "trtspec_router_fallback_changes_total", model="router", change="exit") == 0

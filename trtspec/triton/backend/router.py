@@ -200,20 +200,9 @@ class Router:
         self.monitor = threading.Thread(target=self._monitor, daemon=True, name=f"{self.name}-monitor")
         self.monitor.start()
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
-        routes = ((("speculative", "speculative"), ("speculative", "probe"), ("baseline", "fraction"),
-                   ("baseline", "fallback")) if self.policy.has_speculative
-                  else (("baseline", "no-speculative-model"),))
-        specs = [("trtspec_router_requests_total", "Requests routed, by path and reason", "COUNTER", None,
-                  {"path": path, "reason": reason}) for path, reason in routes]
+        self.metrics.declare(metric_specs(self.policy.has_speculative))
         if self.policy.has_speculative:
-            specs += [
-                ("trtspec_router_fallback_active", "1 while the router falls back to the baseline", "GAUGE", None, {}),
-                ("trtspec_router_rolling_acceptance_rate", "Acceptance rate over the router's window", "GAUGE",
-                 None, {}),
-                ("trtspec_router_break_even_acceptance_rate", "Acceptance rate below which speculation loses",
-                 "GAUGE", None, {}),
-            ]
-        self.metrics.declare(specs)
+            self._publish()  # before any request: the recipe's break-even, else unknown (NaN)
 
     def execute(self, requests):
         for sender, req in parsed_requests(self.pb, requests, self.name, self.limits):
@@ -456,15 +445,23 @@ class Router:
         if not self.policy.has_speculative:
             return
         if path == "speculative":
-            self.policy.record_speculative(item.drafted, item.accepted, perf)
+            change = self.policy.record_speculative(item.drafted, item.accepted, perf)
         else:
-            self.policy.record_baseline(perf)
+            change = self.policy.record_baseline(perf)
+        self._publish(change)
+
+    def _publish(self, change: str | None = None) -> None:
+        """The policy's state on /metrics (and the fallback entered or left, if it just was)."""
         snap = self.policy.snapshot()
-        ops = [("set", "trtspec_router_fallback_active", float(snap["fallback_active"]), {})]
-        if snap["rolling_acceptance_rate"] is not None:
-            ops.append(("set", "trtspec_router_rolling_acceptance_rate", snap["rolling_acceptance_rate"], {}))
-        if snap["break_even_acceptance_rate"] is not None:
-            ops.append(("set", "trtspec_router_break_even_acceptance_rate", snap["break_even_acceptance_rate"], {}))
+        be = snap["break_even_acceptance_rate"]
+        ops = [("set", "trtspec_router_fallback_active", float(snap["fallback_active"]), {}),
+               ("set", "trtspec_router_break_even_unknown", float(be is None), {})]
+        # unknown: NaN, never a stale value read as a live one (a break-even of 1 left from a bad spell)
+        for name, value in (("trtspec_router_break_even_acceptance_rate", be),
+                            ("trtspec_router_rolling_acceptance_rate", snap["rolling_acceptance_rate"])):
+            ops.append(("set", name, float("nan") if value is None else value, {}))
+        if change is not None:
+            ops.append(("increment", "trtspec_router_fallback_changes_total", 1, {"change": change}))
         self.metrics.apply(ops)
 
     def finalize(self) -> None:
@@ -475,6 +472,27 @@ class Router:
             self.threads.join()
         if self.clients is not None:
             self.clients.close()
+
+
+def metric_specs(has_speculative: bool) -> list[tuple]:
+    """The router's series (``Metrics.declare`` specs): routing counts, and with a speculative
+    model the fallback's state (docs/serving.md, Metrics)."""
+    routes = ((("speculative", "speculative"), ("speculative", "probe"), ("baseline", "fraction"),
+               ("baseline", "fallback")) if has_speculative else (("baseline", "no-speculative-model"),))
+    specs = [("trtspec_router_requests_total", "Requests routed, by path and reason", "COUNTER", None,
+              {"path": path, "reason": reason}) for path, reason in routes]
+    if not has_speculative:
+        return specs
+    return specs + [
+        ("trtspec_router_fallback_active", "1 while the router falls back to the baseline", "GAUGE", None, {}),
+        ("trtspec_router_rolling_acceptance_rate", "Acceptance rate over the router's window (NaN before any)",
+         "GAUGE", None, {}),
+        ("trtspec_router_break_even_acceptance_rate", "Acceptance rate below which speculation loses "
+         "(NaN while unknown)", "GAUGE", None, {}),
+        ("trtspec_router_break_even_unknown", "1 while the measured costs give no break-even (none yet, or "
+         "degenerate): the router then does not fall back", "GAUGE", None, {}),
+    ] + [("trtspec_router_fallback_changes_total", "Fallbacks entered and left", "COUNTER", None,
+          {"change": change}) for change in ("enter", "exit")]
 
 
 def relay_mode(wanted: str, argv: list[str] | None = None, *, tls: bool = False) -> tuple[str, str]:
