@@ -170,30 +170,6 @@ def test_one_block_cannot_pass_a_ratio_gate():
     assert v.decision == KEEP and v.decided_by.name == "speedup" and "one block only" in v.decided_by.detail
 
 
-def test_the_report_names_the_deciding_gate_and_shows_every_level(tmp_path):
-    from trtspec.validate.equivalence import EquivalenceResult
-    from trtspec.validate.report import write_validation_report
-    from trtspec.validate.run import ValidationResult, acceptance_from
-
-    bench = run(lognormal(0.01, spec=0.4, tail=1.6), block=8, requests=16)
-    v = _verdict(bench)
-    res = ValidationResult(recipe="tiny", url="fake:1", models={"speculative": SPEC, "baseline": BASE},
-                           equivalence=EquivalenceResult(tolerance=0, max_tokens=16, concurrency=1, unit="tokens"),
-                           sampled=None, sampled_note=None, bench=bench, acceptance=acceptance_from([], 4),
-                           speedup=bench.speedup(1), at_concurrency=1, verdict=v, started="t", wall_s=1.0,
-                           speedup_interval=level_comparisons(bench)[1][SPEEDUP].interval)
-    write_validation_report(res, tmp_path, max_draft_len=4, min_speedup=1.1)
-    md = (tmp_path / "report.md").read_text()
-    assert "Decided by: P95 request latency at concurrency 1 failed" in md
-    assert "### Every level: speculative vs baseline" in md
-    row = next(ln for ln in md.splitlines() if ln.startswith("| 1 | P95 request latency |"))
-    assert "upper <= 1.10" in row and "**FAIL**" in row
-    assert "repeated until sure" in md
-    d = json.loads((tmp_path / "report.json").read_text())
-    assert d["verdict"]["decided_by"] == "P95 request latency at concurrency 1"
-    assert d["speedup"]["interval"]["blocks"] >= 2
-
-
 def _served_metrics(draft_s, verify_s, base_s, n=10):
     m = {}
     for model, name, v in (("tensorrt_llm", "trtspec_draft_seconds", draft_s),
@@ -209,39 +185,64 @@ TUNE_SAYS_0 = {"recommended_k": 0, "per_position_acceptance": [0.9, 0.8, 0.7, 0.
                          "expected_speedup": s} for k, s in enumerate([1.0, 0.95, 0.93, 0.92, 0.9])]}
 
 
-def test_run_report_explains_tune_against_the_served_run(tmp_path):
-    """tune recommended 0 while the served run deploys speculation: the run report says why in one
-    line, from the served run's own draft/verify costs; when both agree it says nothing extra."""
+def test_the_reports_name_the_deciding_gate_and_show_every_level(tmp_path):
+    """The validation report and `trtspec run`'s report, written once (plots take seconds)."""
     from trtspec.config import load_recipe
-    from trtspec.run_report import tune_vs_served, write_run_report
+    from trtspec.run_report import write_run_report
     from trtspec.validate.equivalence import EquivalenceResult
     from trtspec.validate.report import write_validation_report
     from trtspec.validate.run import ValidationResult, acceptance_from
 
-    bench = run(lognormal(0.01))
+    bench = run(lognormal(0.01, spec=0.4, tail=1.6), block=8, requests=16)
     v = _verdict(bench)
-    assert v.deploy_speculative
     res = ValidationResult(recipe="tiny", url="fake:1", models={"speculative": SPEC, "baseline": BASE},
                            equivalence=EquivalenceResult(tolerance=0, max_tokens=16, concurrency=1, unit="tokens"),
                            sampled=None, sampled_note=None, bench=bench, acceptance=acceptance_from([], 4),
-                           speedup=bench.speedup(1), at_concurrency=1, verdict=v, started="t", wall_s=1.0)
+                           speedup=bench.speedup(1), at_concurrency=1, verdict=v, started="t", wall_s=1.0,
+                           speedup_interval=level_comparisons(bench)[1][SPEEDUP].interval)
     work = tmp_path / "run"
-    write_validation_report(res, work / "validate", max_draft_len=4, min_speedup=1.1)
-    (work / "validate" / "server_metrics.json").write_text(json.dumps(_served_metrics(0.10, 0.30, 0.52)))
+    val = work / "validate"
+    write_validation_report(res, val, max_draft_len=4, min_speedup=1.1)
+    md = (val / "report.md").read_text()
+    assert "Decided by: P95 request latency at concurrency 1 failed" in md
+    assert "### Every level: speculative vs baseline" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| 1 | P95 request latency |"))
+    assert "upper <= 1.10" in row and "**FAIL**" in row
+    assert "repeated until sure" in md
+    d = json.loads((val / "report.json").read_text())
+    assert d["verdict"]["decided_by"] == "P95 request latency at concurrency 1"
+    assert d["speedup"]["interval"]["blocks"] >= 2
+
+    (val / "server_metrics.json").write_text(json.dumps(_served_metrics(0.10, 0.30, 0.52)))
     (work / "build").mkdir()
     (work / "build" / "tune.json").write_text(json.dumps(TUNE_SAYS_0))
     pipeline = SimpleNamespace(
         recipe=load_recipe(pathlib.Path(__file__).resolve().parents[2] / "build_configs" / "tiny-cpu-draft-target.yaml"),
         source="tiny.yaml", stage_log=[], stage_dir=lambda stage: work / stage,
-        outputs={"validate": {"report_json": str(work / "validate" / "report.json")},
-                 "build": {"tune": str(work / "build" / "tune.json")}})
+        outputs={"validate": {"report_json": str(val / "report.json")}, "build": {"tune": str(work / "build" / "tune.json")}})
     md = write_run_report(pipeline, work / "report").read_text()
-    assert "Decided by: all 7 gates passed" in md and "### Every level" in md
-    row = next(ln for ln in md.splitlines() if ln.startswith("| recommended max_draft_len |"))
-    assert "Why they differ: tune's offline batch-1 timing expects 0.90× at max_draft_len 4 and recommends 0" in row
-    assert "give 1.30×" in row and "the verdict follows the served run" in row  # 0.52 / (0.10 + 0.30)
+    assert "Decided by: P95 request latency at concurrency 1 failed" in md and "### Every level" in md
     tokens = next(ln for ln in md.splitlines() if ln.startswith("| tokens/s (output, concurrency 1)"))
     assert "95 % interval [" in tokens and "within the 10% asked" in tokens
-    # the same tune against a run that keeps the baseline: they agree, no extra line
-    keep = {"verdict": {"deploy_speculative": False, "gates": []}}
-    assert tune_vs_served(TUNE_SAYS_0, 4, {}, {}, keep) == ""
+    tune_row = next(ln for ln in md.splitlines() if ln.startswith("| recommended max_draft_len |"))
+    assert "Why they differ" not in tune_row  # tune says 0 and the run keeps the baseline: they agree
+
+
+def test_tune_against_a_served_run_that_deploys_is_explained_in_one_line():
+    """tune recommended 0 while the served run deploys speculation: one line, from the served run's
+    own draft/verify costs and the measured interval."""
+    from trtspec.run_report import tune_vs_served
+
+    roles = {"speculative": "tensorrt_llm", "baseline": "tensorrt_llm_baseline"}
+    deploy = {"verdict": {"deploy_speculative": True, "gates": [
+        {"name": "speedup", "concurrency": 1, "interval": {"ratio": 1.13, "low": 1.11, "high": 1.15}}]}}
+    line = tune_vs_served(TUNE_SAYS_0, 4, _served_metrics(0.10, 0.30, 0.52), roles, deploy)
+    assert line.startswith("Why they differ: tune's offline batch-1 timing expects 0.90× at max_draft_len 4 and "
+                           "recommends 0; the served run deploys")
+    assert "give 1.30×" in line and "[1.11, 1.15]" in line and "the verdict follows the served run" in line
+    assert "\n" not in line
+    assert "exported no draft/verify histograms" in tune_vs_served(TUNE_SAYS_0, 4, {}, roles, deploy)
+    keeps = {"verdict": {"deploy_speculative": False, "gates": []}}
+    assert tune_vs_served(TUNE_SAYS_0, 4, {}, roles, keeps) == ""
+    agrees = {**TUNE_SAYS_0, "recommended_k": 4, "rows": [{**r, "expected_speedup": 1.2} for r in TUNE_SAYS_0["rows"]]}
+    assert tune_vs_served(agrees, 4, {}, roles, deploy) == ""
