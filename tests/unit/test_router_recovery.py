@@ -191,6 +191,9 @@ def test_costs_come_from_requests_that_drafted_every_pass():
     p = policy()
     p.record_speculative(*request([(K, K, K * D, V)] * 5 + [(0, 0, 0.0, T)] * 20))  # 10 draft tokens, 25 passes
     assert p.snapshot()["break_even_by_batch"] == {}
+    no_draft_time = {k: v for k, v in code()[2].items() if k != "draft_s"}  # an engine that does not time drafting
+    p.record_speculative(44, 41, no_draft_time)
+    assert p.snapshot()["break_even_by_batch"] == {}
     one_a_pass = request([(1, 1, D, V)] * 20 + [(0, 0, 0.0, T)])  # k = 1, the last pass with one token left
     p.record_speculative(*one_a_pass)
     assert list(p.snapshot()["break_even_by_batch"]) == [1]

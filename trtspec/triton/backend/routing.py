@@ -179,7 +179,7 @@ class RoutingPolicy:
                 d, a = self._events.popleft()
                 self._drafted -= d
                 self._accepted -= a
-            s = _sample(perf, drafted) if perf else None
+            s = _sample(perf, drafted) if perf and perf.get("draft_s") is not None else None
             # fewer draft tokens than passes: passes were plain (see the module docstring); one
             # is allowed, the last pass drafts nothing when only one token is left to generate
             if s is not None and drafted >= s["passes"] - 1:
