@@ -9,12 +9,12 @@ for each request and reports each finished request back.
   last ``window`` draft tokens) is compared with break-even. Below it, speculative-bound requests
   go to the baseline, except every ``probe_every``-th (a probe), whose acceptance and costs
   refresh the window and the cost estimates, so the router returns to speculation within
-  ``probe_every · ⌈window / draft tokens per probe⌉`` requests once acceptance recovers.
+  ``probe_every · ⌈window / draft tokens per probe⌉ + 1`` requests once acceptance recovers.
   Whether speculation pays at the live batch size is the engine's decision (its draft length per
   step, down to plain decoding; ``speculation.max_concurrency``), not the router's.
 * Evidence: a speculative request counts towards acceptance only with the tokens it drafted, and
-  towards costs only when it drafted at least one token per pass (but the last). A request that drafted nothing
-  (the engine chose plain decoding: its draft-length policy, ``max_concurrency``) is no evidence
+  towards costs only when it drafted at least one token per pass (but the last). A request that
+  drafted nothing (the engine chose plain decoding: its draft length, ``max_concurrency``) is no evidence
   against speculation; one that drafted in some passes only mixes plain passes into its verify
   time per pass and books the draft's catch-up over the missed tokens against few draft tokens
   (its draft time per token then looked many times dearer: the break-even of 1.0 of issue 31).
@@ -32,7 +32,8 @@ for each request and reports each finished request back.
   batch size: a request weighs by its passes and draft tokens, and old samples age out.
   The per-token break-even α* (Leviathan et al.: speedup (1-α^{k+1})/((1-α)(k·c+v)) = 1) at the
   configured ``max_draft_len`` k is converted to the acceptance rate it implies,
-  r* = (α + … + α^k) / k, which is what the window measures. The router falls back below the
+  r* = (α + … + α^k) / k, which is what the window measures (the engine may draft fewer, which
+  only raises the rate per drafted token: the lenient question, as collapse detection wants). The router falls back below the
   lowest r* over the batch sizes measured: speculation then loses at every load it has seen.
   Where k·c + v ≥ k + 1 (no acceptance < 1 pays, r* ≥ 1) the costs are degenerate, not a
   verdict: that batch size is left out, and with no usable batch size the break-even is unknown
