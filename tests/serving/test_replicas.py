@@ -80,7 +80,7 @@ def test_bench_reports_each_replica_and_the_total(urls, tmp_path):
 
 
 def test_validate_checks_equivalence_on_every_replica(urls, tiny_models, tmp_path):
-    recipe = tiny_recipe(*tiny_models, num_prompts=3, max_tokens=12, concurrency=[1], requests_per_level=3,
+    recipe = tiny_recipe(*tiny_models, num_prompts=3, max_tokens=12, concurrency=[1], requests_per_level=4,
                          sampled_check_samples=0,
                          gates={"min_speedup": 0.05, "at_concurrency": 1, "max_mismatch_rate": 0.0,
                                 "min_acceptance_rate": 0.0, "latency_tolerance": 10.0})
@@ -95,5 +95,5 @@ def test_validate_checks_equivalence_on_every_replica(urls, tiny_models, tmp_pat
         assert eq["prompts_compared"] == 3 and eq["exact_matches"] == 3
         assert d["replicas"][u]["speedup"] is not None
     assert d["bench"]["urls"] == urls
-    assert d["verdict"]["decision"] == "deploy speculative" and r.exit_code == 0, r.output
+    assert d["verdict"]["decision"] == "deploy speculative" and r.exit_code == 0, d["verdict"]["reason"]
     assert "### Each replica" in (out / "report.md").read_text()

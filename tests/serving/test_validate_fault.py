@@ -37,7 +37,10 @@ def test_validate_catches_a_verifier_bug(faulty_url, tiny_models, tmp_path):
     assert r.exit_code == 1, r.output
     assert "keep baseline" in r.output and "Traceback" not in r.output
     d = json.loads((out / "report.json").read_text())
-    assert d["verdict"]["failed"] == ["greedy equivalence"]
+    # the verifier bug decides the verdict (the first gate); the speed and tail gates judge 4 one-request
+    # blocks on a shared box, which a neighbour's burst can widen past any bound, so they are not asserted
+    assert d["verdict"]["decided_by"] == "greedy equivalence" and "greedy equivalence" in d["verdict"]["failed"]
+    assert d["verdict"]["reason"].startswith("greedy equivalence failed: mismatch rate")
     eq = d["equivalence"]
     assert eq["mismatch_rate"] > 0.5
     bad = [p for p in eq["per_prompt"] if not p["passed"]]
