@@ -16,8 +16,11 @@ is kept in the JSON. Greedy outputs are compared token by token with (a).
     python scripts/bench_engine.py                 # tiny pair, ~2 minutes on 2 cores
     python scripts/bench_engine.py --real          # Qwen2.5-Coder 1.5B + 0.5B (trtspec models qwen)
     python scripts/bench_engine.py --paired 4 --only e,e8,e8c   # ours only, alternating prompt by prompt
+    python scripts/bench_engine.py --batch-curve   # verify cost per batch size; draft-length policies at c=1..8
+    python scripts/bench_engine.py --real --batch-curve          # the same for the Qwen pair
 
-Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-draft-len is given).
+Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-draft-len is given;
+engine_<pair>_batch.json and .md with --batch-curve).
 """
 
 from __future__ import annotations
@@ -124,6 +127,133 @@ def paired(args, pair: str, configs: dict, target, prompts, greedy, k: int, max_
     return 0
 
 
+BATCHES = (1, 2, 4, 8)
+POLICIES = ("off", "goodput", "acceptance")  # runtime.adaptive.policy; off = always max_draft_len
+
+
+def verify_curve(target, draft, k: int, rounds: int = 7, inner: int = 3, context: int = 64) -> dict:
+    """Seconds of one target pass over [B, n] tokens (n = k+1 = 1..max_draft_len+1) after ``context``
+    tokens per row, and of one draft step over [B, 1], for B in BATCHES. Every round times every
+    cell once (so load that comes and goes hits them alike); the minimum over rounds of the mean
+    of ``inner`` passes is reported (the least-disturbed reading), the median kept beside it."""
+    from trtspec.speculative.model import Step
+
+    rows = max(BATCHES)
+    caches = {}
+    with torch.inference_mode():
+        for name, m in (("target", target), ("draft", draft)):
+            caches[name] = m.new_cache(rows, context + k + 4)
+            ids = torch.randint(0, m.args.vocab_size, (rows, context))
+            m(ids, caches[name], Step(list(range(rows)), [0] * rows, context), logits="none")
+        cells = [("target", B, n) for B in BATCHES for n in range(1, k + 2)] + [("draft", B, 1) for B in BATCHES]
+        inputs = {c: torch.randint(0, target.args.vocab_size, (c[1], c[2])) for c in cells}
+        times: dict = {c: [] for c in cells}
+        for r in range(rounds + 1):  # round 0 warms up
+            for c in cells:
+                m = target if c[0] == "target" else draft
+                step = Step(list(range(c[1])), [context] * c[1], c[2])
+                t0 = time.perf_counter()
+                for _ in range(inner):
+                    m(inputs[c], caches[c[0]], step)
+                if r:
+                    times[c].append((time.perf_counter() - t0) / inner)
+    one = min(times[("target", 1, 1)])
+    curve = [{"batch": B, "tokens_per_row": n, "k": n - 1, "ms": round(min(times[("target", B, n)]) * 1e3, 3),
+              "ms_median": round(statistics.median(times[("target", B, n)]) * 1e3, 3),
+              "vs_one_token_batch_1": round(min(times[("target", B, n)]) / one, 3),
+              "vs_plain_step_at_batch": round(min(times[("target", B, n)]) / min(times[("target", B, 1)]), 3)}
+             for B in BATCHES for n in range(1, k + 2)]
+    draft_ms = {str(B): round(min(times[("draft", B, 1)]) * 1e3, 3) for B in BATCHES}
+    return {"context": context, "rounds": rounds, "inner": inner, "verify": curve, "draft_step_ms": draft_ms}
+
+
+def batch_curve(args, pair: str, target, draft, proposer, prompts, k: int, max_len: int, dtype_name: str) -> int:
+    """The verify cost curve per batch size, then plain decoding and each draft-length policy at
+    concurrency 1, 2, 4, 8 (in process, the same prompts, greedy; configurations interleaved)."""
+    from trtspec.sampling import Sampling
+    from trtspec.speculative.engine import Engine
+    from trtspec.speculative.goodput import GoodputPolicy
+
+    curve = verify_curve(target, draft, k)
+    print(f"verify curve measured ({len(curve['verify'])} cells)", flush=True)
+    params = Sampling(max_tokens=args.max_new_tokens or 48)
+    levels = []
+    for c in BATCHES:
+        engines = {"plain": Engine(target, None, max_batch_size=c, max_seq_len=max_len)}
+        for pol in POLICIES:
+            engines[pol] = Engine(target, proposer(c), max_draft_len=k, max_batch_size=c, max_seq_len=max_len,
+                                  adaptive=pol != "off", policy=pol if pol != "off" else "goodput")
+        for eng in engines.values():  # warm-up: the policies learn the costs as a server does before its traffic
+            eng.generate(prompts[: 2 * c], params)
+        best = dict.fromkeys(engines, 0.0)
+        outs: dict = {}
+        for r in range(args.repeats):
+            for name, eng in engines.items():
+                t0 = time.perf_counter()
+                gens = eng.generate(prompts, params)
+                dt = time.perf_counter() - t0
+                n = sum(len(g.token_ids) for g in gens)
+                best[name] = max(best[name], n / dt)
+                outs[name] = [g.token_ids for g in gens]
+                print(f"[c={c} {r + 1}/{args.repeats}] {name:10s} {n / dt:8.1f} tok/s", flush=True)
+        row = {"concurrency": c, "tok_s": {n: round(v, 2) for n, v in best.items()},
+               "vs_plain": {n: round(v / best["plain"], 3) for n, v in best.items() if n != "plain"},
+               "identical_to_plain": {n: sum(a == b for a, b in zip(o, outs["plain"])) for n, o in outs.items()},
+               "mean_draft_len": {n: e.snapshot()["mean_draft_len"] for n, e in engines.items() if n != "plain"},
+               "goodput_chosen_k": engines["goodput"].snapshot()["chosen_k"]}
+        levels.append(row)
+    # what the goodput model picks from the measured curve at the measured acceptance
+    alphas = engines["goodput"].goodput.deployment_alphas()
+    model = GoodputPolicy(k)
+    for cell in curve["verify"]:
+        for _ in range(model.min_samples):
+            model.cost.add_verify(cell["batch"], cell["k"], cell["ms"] / 1e3)
+    for B, ms in curve["draft_step_ms"].items():
+        model.cost.add_draft(int(B), 1, ms / 1e3)
+    picks = {str(B): model.best(B, [alphas] * B)[0] for B in BATCHES}
+    line = model.cost.line()
+    summary = {"pair": pair, "dtype": dtype_name, "threads": args.threads, "max_draft_len": k,
+               "prompts": len(prompts), "max_new_tokens": params.max_tokens, "repeats": args.repeats,
+               "machine": f"{platform.machine()} {platform.processor() or ''}".strip(), "torch": torch.__version__,
+               "load_average": list(__import__("os").getloadavg()), "curve": curve,
+               "verify_line_ms": {"a": round(line[0] * 1e3, 4), "b_per_token": round(line[1] * 1e3, 5)} if line else None,
+               "acceptance_measured": [round(a, 3) for a in alphas], "goodput_pick_from_curve": picks,
+               "levels": levels}
+    cmd = "python " + " ".join(["scripts/bench_engine.py", *sys.argv[1:]])
+    md = [f"# Verify cost per batch size, and the draft-length policies ({pair} pair)", "",
+          f"`{cmd}` — {dtype_name}, {args.threads} threads, max_draft_len {k}, the draft's linears in INT8; load average at the end "
+          f"{summary['load_average'][0]:.1f} (a shared machine: every figure moves with other tenants' load).", "",
+          f"## One target pass over [B, k+1] tokens after {curve['context']} tokens of context "
+          f"(ms; least-disturbed of {curve['rounds']} interleaved rounds)", "",
+          "| B \\ k+1 | " + " | ".join(str(n) for n in range(1, k + 2)) + " | draft step [B, 1] |",
+          "|---|" + "---:|" * (k + 2)]
+    for B in BATCHES:
+        cells = [c for c in curve["verify"] if c["batch"] == B]
+        md.append(f"| {B} | " + " | ".join(f"{c['ms']} ({c['vs_one_token_batch_1']}×)" for c in cells)
+                  + f" | {curve['draft_step_ms'][str(B)]} |")
+    md += ["", "In brackets: the pass over one token at batch 1 (one read of the weights) as the unit. "
+           + (f"Least-squares line: verify ≈ {summary['verify_line_ms']['a']} ms + "
+              f"{summary['verify_line_ms']['b_per_token']} ms × B·(k+1)." if line else ""),
+           f"At the measured acceptance (per position {summary['acceptance_measured']}), the goodput model picks "
+           "k = " + ", ".join(f"{picks[str(B)]} at B={B}" for B in BATCHES) + " from this curve.", "",
+           f"## Tokens/s in process, {len(prompts)} prompts × {params.max_tokens} tokens, greedy, best of "
+           f"{args.repeats} interleaved runs (each engine warmed up first)", "",
+           "| concurrency | plain | " + " | ".join(f"policy {p}" for p in POLICIES) + " | mean k (" + ", ".join(POLICIES)
+           + ") | identical to plain |",
+           "|---:|---:|" + "---:|" * len(POLICIES) + "---|---|"]
+    for row in levels:
+        md.append(f"| {row['concurrency']} | {row['tok_s']['plain']} | "
+                  + " | ".join(f"{row['tok_s'][p]} ({row['vs_plain'][p]}×)" for p in POLICIES)
+                  + " | " + ", ".join(f"{row['mean_draft_len'][p]:.2f}" for p in POLICIES)
+                  + " | " + ", ".join(f"{row['identical_to_plain'][p]}/{len(prompts)}" for p in POLICIES) + " |")
+    md += ["", "Policy off drafts max_draft_len every step; goodput picks one k per batch per step from the measured "
+           "costs at the live batch size (trtspec/speculative/goodput.py); acceptance is the per-request "
+           "controller it replaces as the default. One run on a shared 2-core machine: differences of 10-20 % "
+           "between runs are machine noise, not the policy.", ""]
+    write_results(args, f"engine_{pair}_batch", summary, md)
+    return 0
+
+
 def write_results(args, stem: str, summary: dict, md: list[str]) -> None:
     """``<stem>[_k<K>].json`` and ``.md`` under ``--out``; the table is printed too."""
     out_dir = pathlib.Path(args.out)
@@ -149,6 +279,9 @@ def main() -> int:
     ap.add_argument("--paired", type=int, default=0, metavar="ROUNDS",
                     help="instead: our configurations only, alternating prompt by prompt for ROUNDS rounds "
                          "(ratios of total time; robust to noise that comes and goes within seconds)")
+    ap.add_argument("--batch-curve", action="store_true",
+                    help="instead: the target's verify cost per batch size (1, 2, 4, 8) and k+1, and plain decoding "
+                         "vs the draft-length policies (off, goodput, acceptance) at concurrency 1, 2, 4, 8")
     args = ap.parse_args()
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -188,12 +321,16 @@ def main() -> int:
     draft_w8 = load_causal_lm(ddir, dtype=dtype).quantize_weight_only_()  # runtime.draft_weight_only: int8
     # + runtime.compile_draft: one more draft copy (its compiled step is its own), loaded only if e8c runs
     draft_w8c = functools.cache(lambda: load_causal_lm(ddir, dtype=dtype).quantize_weight_only_())
-    hf_t = hf_d = None  # --paired compares our configurations only
-    if not args.paired:
+    hf_t = hf_d = None  # --paired and --batch-curve compare our configurations only
+    if not args.paired and not args.batch_curve:
         hf_t = AutoModelForCausalLM.from_pretrained(tdir, dtype=dtype).eval()
         hf_d = AutoModelForCausalLM.from_pretrained(ddir, dtype=dtype).eval()
     greedy = Sampling(max_tokens=max_new, ignore_eos=False)
     max_len = max(len(p) for p in prompts) + max_new + k + 8
+    if args.batch_curve:
+        # the INT8 draft, as the tiny recipe runs it (runtime.draft_weight_only: int8)
+        return batch_curve(args, pair, target, draft_w8, lambda rows: DraftModelProposer(draft_w8, rows, max_len + k + 4),
+                           prompts, k, max_len, dtype_name)
 
     def ours(proposer):
         def run():
