@@ -75,7 +75,8 @@ class Interval:
 
     def to_dict(self) -> dict:
         w = self.width
-        return {"ratio": self.estimate, "low": self.low, "high": self.high, "blocks": self.blocks,
+        high = None if self.high is not None and math.isinf(self.high) else self.high  # JSON has no inf
+        return {"ratio": self.estimate, "low": self.low, "high": high, "blocks": self.blocks,
                 "confidence": self.confidence, "width": None if math.isinf(w) else w}
 
     def text(self, unit: str = "x") -> str:
