@@ -360,7 +360,8 @@ class Engine:
         self.chosen_k[max(ks, default=0)] += 1
         if self.goodput is not None:  # capped steps too: they measure (B, 0)
             # external drafts (the client's) say nothing about the proposer's acceptance
-            self.goodput.observe(B, K, verify_s, draft_s,
+            take = getattr(self.proposer, "take_catch_up_s", None)  # a prompt read late: not per-token cost
+            self.goodput.observe(B, K, verify_s, max(0.0, draft_s - (take() if take else 0.0)),
                                  [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)])
         if self._last_step_end is not None and t0 - self._last_step_end < 0.05:
             # this step's wall time since the last one ended, less what draft and verify took

@@ -7,6 +7,7 @@ prefix. The engine never looks inside.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -60,6 +61,11 @@ class DraftModelProposer:
     Cache convention: ``valid[slot]`` = how many tokens of the committed sequence the draft's KV
     cache holds; each round first feeds ``seq[valid:]`` (1 token, or 2 when every draft token was
     accepted and the draft never consumed its own last token), then drafts K-1 more single steps.
+
+    The draft reads a new request's prompt at its first proposal, not at prefill: the target's
+    first token goes out without waiting for the draft (TTFT as plain decoding's), and a request
+    that never drafts (k = 0 throughout) never pays for it. The same catch-up reads the tokens of
+    plain steps (k = 0, max_concurrency) row by row, so the batched feed stays 1-2 tokens a row.
     """
 
     name = "draft_target"
@@ -71,6 +77,7 @@ class DraftModelProposer:
         self.valid = [0] * max_slots
         self.written = [0] * max_slots  # draft positions written past valid in the last round
         self.device = model.model.embed_tokens.weight.device
+        self.catch_up_s = 0.0  # seconds spent reading committed tokens since the engine last took it
         if compile:
             self._compile()
 
@@ -99,18 +106,34 @@ class DraftModelProposer:
             one = torch.ones(B, dtype=torch.long, device=self.device)  # not 0/1-sized: those specialize
             self.model.decode(one[:, None], self.cache, torch.arange(B, device=self.device), one, 2, self._rope(2))
 
-    @torch.inference_mode()
     def prefill(self, slot, seq, target_hidden=None):
-        prompt = seq[:-1]
-        ids = torch.tensor([prompt], device=self.device)
-        self.model(ids, self.cache, Step([slot], [0], len(prompt)), logits="none")
-        self.valid[slot] = len(prompt)
+        self.valid[slot] = 0  # read at the first proposal (_catch_up)
+        self.written[slot] = 0
+
+    def take_catch_up_s(self) -> float:
+        """Seconds spent catching up since the last call: a cost every committed token pays once,
+        whatever the draft length, so the engine's per-token draft cost leaves it out."""
+        t, self.catch_up_s = self.catch_up_s, 0.0
+        return t
+
+    def _catch_up(self, slots: list[int], seqs: list[list[int]]) -> None:
+        """Each row more than 2 tokens behind reads ``seq[valid:-1]`` alone (a prompt, or the tokens of
+        plain steps), in one pass; the batched feed then gives it its last token."""
+        t0 = time.perf_counter()
+        for s, seq in zip(slots, seqs):
+            behind = seq[self.valid[s] : -1]
+            if len(behind) >= 2:
+                ids = torch.tensor([behind], device=self.device)
+                self.model(ids, self.cache, Step([s], [self.valid[s]], len(behind)), logits="none")
+                self.valid[s] += len(behind)
+        self.catch_up_s += time.perf_counter() - t0
 
     @torch.inference_mode()
     def propose(self, slots, seqs, ks, params, generators):
         B, K = len(slots), max(ks)
         if K == 0:
             return _empty(B, self.device)
+        self._catch_up(slots, seqs)
         logits, rows = self._feed(slots, [seq[self.valid[s] :] for s, seq in zip(slots, seqs)])  # [B, V]
         greedy = all(p.greedy for p in params)
         tokens, probs = [], []
