@@ -30,7 +30,9 @@ step) so a change of traffic shows within a few hundred steps.
 Exploration: a cell nobody measured would otherwise never be chosen, nor corrected. Every
 ``explore_every``-th step at batch B the least-measured other k of B runs if it has fewer than
 ``min_samples`` samples, and every ``4·explore_every``-th step regardless (a cell measured while
-another tenant loaded the machine is measured again). While the costs cannot be fitted yet (fewer than two pass sizes seen),
+another tenant loaded the machine is measured again); only a k whose estimated goodput is within
+``explore_margin`` of the best is worth a step (at batch 8 a k the line prices at half the
+goodput is not measured again and again). While the costs cannot be fitted yet (fewer than two pass sizes seen),
 the first step drafts ``max_k`` and the next ones measure k = 0 and then the other lengths.
 
 No torch: unit tests drive it with synthetic costs.
@@ -142,12 +144,13 @@ class GoodputPolicy:
     """Chooses the batch's draft length each step; the engine reports what each step cost and
     how many draft tokens each row had accepted (:meth:`observe`)."""
 
-    def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, prior_strength: float = 8.0,
-                 prior_alpha: float = 0.6, decay: float = 0.995):
+    def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
+                 prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.995):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
         self.min_samples = min_samples
         self.explore_every = explore_every
+        self.explore_margin = explore_margin
         self.prior_strength = prior_strength
         self.prior_alpha = prior_alpha
         self.decay = decay
@@ -203,20 +206,21 @@ class GoodputPolicy:
         if k < 0:  # cold start: something has no estimate; measure max_k, then 0, then the rest
             k, why = self._least_measured(batch, prefer=(self.max_k, 0)), "cold start"
         elif self.explore_every and n % self.explore_every == self.explore_every - 1:
-            e = self._least_measured(batch, skip=k)
-            refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
-            if refresh or self.cost.samples_at(batch, e) < self.min_samples:
-                k, why = e, "explore"
+            near = [j for j in range(self.max_k + 1) if j != k and g[j] >= self.explore_margin * g[k]]
+            if near:
+                e = min(near, key=lambda j: (self.cost.samples_at(batch, j), -j))
+                refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
+                if refresh or self.cost.samples_at(batch, e) < self.min_samples:
+                    k, why = e, "explore"
         self.chosen[k] += 1
         self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()}}
         return k
 
-    def _least_measured(self, batch: int, prefer: tuple[int, ...] = (), skip: int = -1) -> int:
+    def _least_measured(self, batch: int, prefer: tuple[int, ...] = ()) -> int:
         for k in prefer:
             if self.cost.samples_at(batch, k) == 0 and (k > 0 or self.cost.draft_token):
                 return k
-        return min((k for k in range(self.max_k + 1) if k != skip),
-                   key=lambda k: (self.cost.samples_at(batch, k), -k))
+        return min(range(self.max_k + 1), key=lambda k: (self.cost.samples_at(batch, k), -k))
 
     def observe(self, batch: int, k: int, verify_s: float, draft_s: float,
                 rows: list[tuple[int, int]]) -> None:
