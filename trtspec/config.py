@@ -415,9 +415,10 @@ class Adaptive(Strict):
     # None: derive break-even from the measured cost ratio (see trtspec.speculative.tune)
     min_acceptance_rate: float | None = Field(
         None, ge=0, le=1,
-        description="acceptance below which drafting stops: per request (policy acceptance), or while the "
-        "batch's mean first-position acceptance is below it (policy goodput); the router's fallback reads it too. "
-        "None: from the measured costs",
+        description="acceptance below which drafting stops: per request under policy acceptance, and the router's "
+        "fallback threshold. None: from the measured costs. Policy goodput does not read it: it weighs acceptance "
+        "against the measured costs itself, and a fixed floor would lock a batch out of drafting (k 0 measures "
+        "no acceptance)",
     )
 
 

@@ -121,3 +121,35 @@ def test_engine_model_exports_the_mean_draft_length_per_request():
     spec = {name: buckets for name, _, _, buckets, _ in engine_metric_specs(4)}
     assert spec["trtspec_draft_len"] == (0.0, 1.0, 2.0, 3.0, 4.0)
     assert ("observe", "trtspec_draft_len", 2.0, {}) in finished_metric_ops(s, rss=1)
+
+
+def test_policy_recovers_when_acceptance_comes_back():
+    """Low-acceptance traffic drives the batch to k = 0, where nothing measures acceptance; the
+    single-token probe every 64 plain steps sees it rise again, and drafting resumes."""
+    p = _policy(lambda B, k: 0.01 + 0.001 * B * (k + 1), 0.0005)
+    for _ in range(300):  # random prompts: the first draft token is almost never accepted
+        p.observe(1, 4, 0.015, 0.002, [(4, 0)])
+    new_request = ([], [])
+    assert p.best(1, [p.row_alphas(*new_request)])[0] == 0
+    chosen = []
+    for step in range(400):  # code prompts again: a draft token is accepted 9 times in 10
+        k = p.choose(1, [p.row_alphas(*new_request)])
+        chosen.append(k)
+        p.observe(1, k, 0.011 + 0.001 * k, 0.0005 * k, [(k, k if step % 10 else max(k - 1, 0))])
+    assert 0 < chosen[:65].count(1) and max(chosen[:65]) == 1  # single-token probes/explorations only
+    resumed = next(i for i, k in enumerate(chosen) if k >= 2)
+    assert resumed <= 200, chosen
+    assert sum(k >= 3 for k in chosen[-50:]) >= 40, chosen[-50:]
+
+
+def test_policy_probes_one_token_after_64_plain_steps_even_where_drafting_looks_hopeless():
+    p = _policy(lambda B, k: 0.01 + 0.02 * k, 0.001)  # every draft token doubles the step
+    for _ in range(100):
+        p.observe(1, 1, 0.03, 0.001, [(1, 0)])
+    whys = []
+    for _ in range(130):
+        k = p.choose(1, [p.row_alphas([], [])])
+        whys.append((k, p.last["why"]))
+        p.observe(1, k, 0.01 + 0.02 * k, 0.001 * k, [(k, 0)])
+    assert [i for i, (k, _) in enumerate(whys) if k] == [64, 129]
+    assert whys[64] == (1, "probe")

@@ -383,9 +383,6 @@ class Engine:
         g = self.goodput
         dep = g.deployment_alphas()
         alphas = [g.row_alphas(s.stats.reached, s.stats.accepted_at, dep) for s in slots]
-        if self.min_acceptance_rate is not None and alphas and alphas[0]:
-            if sum(a[0] for a in alphas) / len(alphas) < self.min_acceptance_rate:
-                return 0  # the recipe's floor: below it the batch does not draft
         return g.choose(batch, alphas, self.cost["overhead"] or 0.0)
 
     def snapshot(self) -> dict:

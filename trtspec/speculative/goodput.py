@@ -25,14 +25,17 @@ concurrency 2 with a fixed k). The costs:
 Acceptance per position α_i: a row's own counts, shrunk toward the deployment's with a prior of
 ``prior_strength`` pseudo-observations, so a request with a long history decides by itself and a
 new one starts from what the deployment measured. The deployment's counts decay (``decay`` per
-step) so a change of traffic shows within a few hundred steps.
+step, drafting or not: a half-life of about 70 steps) so a change of traffic shows within a few
+hundred steps.
 
 Exploration: a cell nobody measured would otherwise never be chosen, nor corrected. Every
 ``explore_every``-th step at batch B the least-measured other k of B runs if it has fewer than
 ``min_samples`` samples, and every ``4·explore_every``-th step regardless (a cell measured while
 another tenant loaded the machine is measured again); only a k whose estimated goodput is within
 ``explore_margin`` of the best is worth a step (at batch 8 a k the line prices at half the
-goodput is not measured again and again). While the costs cannot be fitted yet (fewer than two pass sizes seen),
+goodput is not measured again and again). And after ``probe_every`` steps in a row at k = 0 one
+step drafts a single token (a probe): k = 0 measures no acceptance, so without it a deployment
+whose acceptance fell (other traffic) would never see it rise again. While the costs cannot be fitted yet (fewer than two pass sizes seen),
 the first step drafts ``max_k`` and the next ones measure k = 0 and then the other lengths.
 
 No torch: unit tests drive it with synthetic costs.
@@ -145,12 +148,14 @@ class GoodputPolicy:
     how many draft tokens each row had accepted (:meth:`observe`)."""
 
     def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
-                 prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.995):
+                 probe_every: int = 64, prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.99):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
         self.min_samples = min_samples
         self.explore_every = explore_every
         self.explore_margin = explore_margin
+        self.probe_every = probe_every
+        self.plain_run = 0  # steps in a row at k = 0
         self.prior_strength = prior_strength
         self.prior_alpha = prior_alpha
         self.decay = decay
@@ -212,6 +217,9 @@ class GoodputPolicy:
                 refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
+        if k == 0 and self.probe_every and self.plain_run >= self.probe_every:
+            k, why = 1, "probe"
+        self.plain_run = self.plain_run + 1 if k == 0 else 0
         self.chosen[k] += 1
         self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()}}
         return k
@@ -228,8 +236,8 @@ class GoodputPolicy:
         (drafted, accepted) of the proposer's tokens."""
         self.cost.add_verify(batch, k, verify_s)
         self.cost.add_draft(batch, k, draft_s)
-        if not any(d for d, _ in rows):
-            return
+        # every step ages the evidence, plain ones too: while nothing drafts, the deployment's α
+        # drifts back toward the prior, so a probe's few accepted tokens can move it
         self.reached = [r * self.decay for r in self.reached]
         self.accepted_at = [a * self.decay for a in self.accepted_at]
         for drafted, accepted in rows:
