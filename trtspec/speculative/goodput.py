@@ -156,6 +156,7 @@ class GoodputPolicy:
         self.explore_margin = explore_margin
         self.probe_every = probe_every
         self.plain_run = 0  # steps in a row at k = 0
+        self._drafted_last = False  # the last observed step drafted
         self.prior_strength = prior_strength
         self.prior_alpha = prior_alpha
         self.decay = decay
@@ -234,7 +235,11 @@ class GoodputPolicy:
                 rows: list[tuple[int, int]]) -> None:
         """One step ran: a [batch, k+1] verify pass, ``draft_s`` of drafting, and per row
         (drafted, accepted) of the proposer's tokens."""
-        self.cost.add_verify(batch, k, verify_s)
+        # a plain pass right after a drafting step reads target weights the draft pushed out of the
+        # CPU's caches; plain decoding as a regime (what k = 0 is chosen for) does not pay that
+        if k > 0 or not self._drafted_last:
+            self.cost.add_verify(batch, k, verify_s)
+        self._drafted_last = k > 0
         self.cost.add_draft(batch, k, draft_s)
         # every step ages the evidence, plain ones too: while nothing drafts, the deployment's α
         # drifts back toward the prior, so a probe's few accepted tokens can move it
