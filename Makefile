@@ -45,10 +45,13 @@ demo: models
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
+# two pytest-xdist workers, a file per worker at a time (its module-scoped server stays on one);
+# XDIST= runs the suite in one process
+XDIST ?= -n 2 --dist loadfile
 # tiers: tests/unit (no trained models, no server), tests/engine (the trained tiny pair),
 # tests/serving (a real tritonserver), tests/pipeline (trtspec run end to end)
 test: lint prometheus-tools
-	$(PYTHON) -m pytest -q --durations=20 --basetemp="$(CURDIR)/.pytest_tmp" tests
+	$(PYTHON) -m pytest -q --durations=20 --basetemp="$(CURDIR)/.pytest_tmp" $(XDIST) tests
 
 # promtool and prometheus, Debian's `prometheus` package (2.42 on Debian 12): the rules' unit tests
 # (tests/unit/test_prometheus_rules.py) and the dashboard evaluated by a real Prometheus

@@ -1,4 +1,8 @@
-"""Shared fixtures. The tiny pair is trained once per machine (cached in ./models, ~5 min)."""
+"""Shared fixtures. The tiny pair is trained once per machine (cached in ./models, ~4 min).
+
+`make test` runs the suite on two pytest-xdist workers (``-n 2 --dist loadfile``: a file's tests,
+and so its module-scoped server, stay on one worker); the training is locked so that one worker
+trains and the other waits for it, and each worker picks ports from its own range."""
 
 from __future__ import annotations
 
@@ -20,8 +24,12 @@ def tiny_models() -> tuple[pathlib.Path, pathlib.Path]:
 
     from trtspec.checkpoints.tiny import make_tiny_models
 
+    from filelock import FileLock
+
     threads = torch.get_num_threads()
-    res = make_tiny_models(MODELS)
+    MODELS.mkdir(exist_ok=True)
+    with FileLock(str(MODELS / ".tiny-pair.lock")):  # another xdist worker may be training it
+        res = make_tiny_models(MODELS)
     torch.set_num_threads(threads)
     return res.target_dir, res.draft_dir
 
@@ -43,3 +51,7 @@ def repo_root() -> pathlib.Path:
 
 def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...: disjoint port ranges, below
+    if worker.startswith("gw") and worker[2:].isdigit():  # the kernel's ephemeral range (32768-)
+        lo = 10_000 + 2_000 * int(worker[2:])
+        os.environ.setdefault("TRTSPEC_PORT_RANGE", f"{lo}-{lo + 1_999}")

@@ -36,6 +36,7 @@ import contextlib
 import glob
 import os
 import pathlib
+import random
 import re
 import shutil
 import signal
@@ -93,10 +94,45 @@ class Endpoints:
         return {"grpc": self.grpc, "http": self.http, "metrics": self.metrics}
 
 
+_GIVEN: set[int] = set()  # ports this process handed out from TRTSPEC_PORT_RANGE
+
+
+def port_range() -> tuple[int, int] | None:
+    """``TRTSPEC_PORT_RANGE=LO-HI``: the ports trtspec picks for itself (a firewall's open range, or
+    one range per test worker so that parallel runs never pick the same port); None = the kernel's."""
+    raw = os.environ.get("TRTSPEC_PORT_RANGE", "").strip()
+    if not raw:
+        return None
+    try:
+        lo, hi = (int(x) for x in raw.split("-"))
+    except ValueError:
+        lo = hi = -1
+    if not 1024 <= lo < hi <= 65535:
+        raise ConfigError("TRTSPEC_PORT_RANGE", raw, "must be LO-HI with 1024 <= LO < HI <= 65535",
+                          fix="e.g. TRTSPEC_PORT_RANGE=20000-20999, or unset it to let the kernel pick")
+    return lo, hi
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port nothing listens on: the kernel's pick, or a free one of ``TRTSPEC_PORT_RANGE``."""
+    rng = port_range()
+    if rng is None:
+        with socket.socket() as s:
+            s.bind((host, 0))
+            return s.getsockname()[1]
+    lo, hi = rng
+    for port in random.sample(range(lo, hi + 1), min(hi - lo + 1, 512)):
+        if port in _GIVEN:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+        _GIVEN.add(port)
+        return port
+    raise ConfigError("TRTSPEC_PORT_RANGE", f"{lo}-{hi}", "no free port in the range",
+                      fix="widen the range or free some of its ports")
 
 
 def find_tritonserver() -> tuple[pathlib.Path, bool]:
