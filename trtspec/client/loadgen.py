@@ -307,11 +307,11 @@ class BenchResult:
         if self.has_baseline:
             d["speedup"] = speedups(d["models"]["speculative"], d["models"]["baseline"])
             d["intervals"] = {m: i.to_dict() for m, i in lv.intervals(replica).items()}
-        if lv.stop is not None and replica is None:
-            d["stop"] = lv.stop
             if self.settings.goodput:
                 s, b = (d["models"][r]["goodput"]["fraction"] for r in ("speculative", "baseline"))
                 d["speedup"]["goodput"] = s / b if s is not None and b else None
+        if lv.stop is not None and replica is None:
+            d["stop"] = lv.stop
         return d
 
     def to_dict(self, *, with_records: bool = True) -> dict:
