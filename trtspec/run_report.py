@@ -13,7 +13,7 @@ import pathlib
 import shutil
 from typing import Any
 
-from trtspec.client.prom import by_model, samples, value
+from trtspec.client.prom import by_model, histogram_mean, samples
 from trtspec.validate.engine_metrics import engine_rows
 from trtspec.validate.gates import brackets, level_table
 
@@ -61,19 +61,14 @@ def _interval_note(iv: dict | None, stop: dict | None, what: str = "") -> str:
     return f"; {what}{iv['ratio']:.2f}× 95 % interval {brackets(iv)} over {iv['blocks']} blocks{why}"
 
 
-def _hist_mean(ss, name: str) -> float | None:
-    n = value(ss, name + "_count")
-    return value(ss, name + "_sum") / n if n else None
-
-
 def served_engine_speedup(server_raw: dict, roles: dict[str, str]) -> dict | None:
     """tune's quantity — baseline decode time / speculative (draft + verify) time for the same
     tokens — from the served run's own per-request histograms (``trtspec_draft_seconds``,
     ``trtspec_verify_seconds``, every validated level pooled); None without them."""
     models = by_model(samples(server_raw))
     spec, base = models.get(roles.get("speculative", ""), []), models.get(roles.get("baseline", ""), [])
-    d, v = _hist_mean(spec, "trtspec_draft_seconds"), _hist_mean(spec, "trtspec_verify_seconds")
-    b = _hist_mean(base, "trtspec_verify_seconds")
+    d, v = histogram_mean(spec, "trtspec_draft_seconds"), histogram_mean(spec, "trtspec_verify_seconds")
+    b = histogram_mean(base, "trtspec_verify_seconds")
     if d is None or v is None or not b or not (d + v):
         return None
     return {"speedup": b / (d + v), "draft_s": d, "verify_s": v, "baseline_s": b}

@@ -101,6 +101,12 @@ def value(samples_: list[Sample], name: str, **labels: str) -> float | None:
     return sum(vs) if vs else None
 
 
+def histogram_mean(samples_: list[Sample], name: str) -> float | None:
+    """``name``'s mean from its ``_sum`` and ``_count`` samples (None without observations)."""
+    n = value(samples_, name + "_count")
+    return value(samples_, name + "_sum") / n if n else None
+
+
 def histogram_quantile(q: float, buckets: list[tuple[float, float]]) -> float | None:
     """Prometheus's ``histogram_quantile``: linear interpolation inside the bucket holding rank
     q·count, over cumulative (upper bound, count) pairs; None when the histogram is empty."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trtspec.client.prom import Sample, by_model, samples, value
+from trtspec.client.prom import Sample, by_model, histogram_mean, samples, value
 
 
 @dataclass(frozen=True)
@@ -47,17 +47,12 @@ def _mib(v: float | None) -> str:
     return _fmt(None if v is None else v / 2**20, "{:.0f} MiB")
 
 
-def _hist_mean(ss: list[Sample], name: str) -> float | None:
-    n = value(ss, name + "_count")
-    return value(ss, name + "_sum") / n if n else None
-
-
 def has_trtllm(ss: list[Sample]) -> bool:
     return any(s.name.startswith("nv_trt_llm_") for s in ss)
 
 
 def _queue(ss: list[Sample]) -> tuple[float | None, str]:
-    if (v := _hist_mean(ss, "trtspec_queue_seconds")) is not None:
+    if (v := histogram_mean(ss, "trtspec_queue_seconds")) is not None:
         return v, "trtspec_queue_seconds"
     n = value(ss, "nv_inference_request_success")
     q = value(ss, "nv_inference_queue_duration_us")
@@ -80,7 +75,7 @@ def engine_rows(metrics: dict[str, float], roles: dict[str, str]) -> list[Engine
     for q, name, note in (("draft compute time per request", "trtspec_draft_seconds", "server-side, mean"),
                           ("target verification time per request", "trtspec_verify_seconds",
                            "baseline: ordinary decode steps; speculative: verify passes")):
-        b, s = _hist_mean(base, name), _hist_mean(spec, name)
+        b, s = histogram_mean(base, name), histogram_mean(spec, name)
         if b is not None or s is not None:
             rows.append(EngineRow(q, _ms(b), _ms(s), note, name))
         elif trtllm:
