@@ -158,12 +158,13 @@ def evaluate(gates, *, mismatch_rate: float | None, exact_match_rate: float | No
         f"mismatch rate {_fmt(mismatch_rate, True)} ({tol}; exact matches {_fmt(exact_match_rate, True)}), "
         f"allowed {gates.max_mismatch_rate:.1%}"))
     low = speedup.low if speedup is not None and speedup.blocks >= 2 else None
-    v.gates.append(GateResult(
+    speed = GateResult(
         "speedup", low is not None and low >= gates.min_speedup, low, gates.min_speedup, ">=",
         f"output tokens/s speculative / baseline at concurrency {gates.at_concurrency}: "
         f"{'not measured' if speedup is None else f'{speedup.text()} ({speedup.blocks} blocks)'}; "
         f"{'not measured' if speedup is None else _bound_text(speedup, 'lower')}, needs >= {gates.min_speedup:.2f}",
-        concurrency=gates.at_concurrency, interval=None if speedup is None else speedup.to_dict()))
+        concurrency=gates.at_concurrency, interval=None if speedup is None else speedup.to_dict())
+    v.gates.append(speed)
     v.gates.append(GateResult(
         "acceptance", acceptance_rate is not None and acceptance_rate >= gates.min_acceptance_rate,
         acceptance_rate, gates.min_acceptance_rate, ">=",
@@ -189,7 +190,7 @@ def evaluate(gates, *, mismatch_rate: float | None, exact_match_rate: float | No
             else:  # throughput: gated at at_concurrency (the speedup gate), shown at every level
                 gated = c == gates.at_concurrency
                 row.update(bound="lower", limit=gates.min_speedup if gated else None,
-                           passed=v.gates[1].passed if gated else None, gated=gated)
+                           passed=speed.passed if gated else None, gated=gated)
             v.levels.append(row)
     return v
 
