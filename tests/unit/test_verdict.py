@@ -164,6 +164,19 @@ def test_a_p95_regression_fails_and_is_named_even_with_a_higher_throughput():
     assert "P99 request latency at concurrency 1" in v.to_dict()["failed"]
 
 
+def test_null_latency_tolerance_turns_only_the_tail_gates_off():
+    bench = run(lognormal(0.01, spec=0.4, tail=1.6), block=8, requests=16)  # the P95 regression above
+    assert _verdict(bench).decision == KEEP
+    off = evaluate(Gates(min_speedup=1.0, latency_tolerance=None), mismatch_rate=0.0, exact_match_rate=1.0,
+                   tolerance=0, speedup=level_comparisons(bench)[1][SPEEDUP].interval, acceptance_rate=0.5,
+                   acceptance_source="server", levels=level_comparisons(bench))
+    assert off.decision == DEPLOY, off.reason
+    assert [g.name for g in off.gates] == ["greedy equivalence", "speedup", "acceptance"]
+    tail = [r for r in off.levels if r["metric"] == "request_latency_p95"]
+    assert tail and all(not r["gated"] and r["passed"] is None and r["interval"]["ratio"] > 1 for r in tail)
+    assert Validation.model_validate({"gates": {"latency_tolerance": None}}).gates.latency_tolerance is None
+
+
 def test_one_block_cannot_pass_a_ratio_gate():
     bench = run(lognormal(0.01), requests=4, max_requests=4)  # a single block per model
     v = _verdict(bench)

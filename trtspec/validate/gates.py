@@ -183,7 +183,9 @@ def evaluate(gates, *, mismatch_rate: float | None, exact_match_rate: float | No
             iv = cmp.interval
             row = {"concurrency": c, "metric": metric, "label": cmp.label, "speculative": cmp.speculative,
                    "baseline": cmp.baseline, "interval": iv.to_dict()}
-            if metric in LATENCY_METRICS:
+            if metric in LATENCY_METRICS and gates.latency_tolerance is None:  # tail gates off: shown only
+                row.update(bound="upper", limit=None, passed=None, gated=False)
+            elif metric in LATENCY_METRICS:
                 g = _level_gate(c, cmp, gates.latency_tolerance)
                 v.gates.append(g)
                 row.update(bound="upper", limit=g.threshold, passed=g.passed, gated=True)
