@@ -49,8 +49,24 @@ def repo_root() -> pathlib.Path:
     return REPO
 
 
+def worker_threads() -> int:
+    """torch threads for one test process: the cores shared by the xdist workers (2 workers on 2
+    cores: 1 each). Two processes that each run 2 OpenMP threads on 2 cores stall each other's
+    parallel regions: measured, test_sampled_speculation_matches_target_distribution took 7 s
+    alone, 37 s beside a 2-thread neighbour and 9 s with 1 thread each (156 s in CI)."""
+    if os.environ.get("OMP_NUM_THREADS", "").isdigit():
+        return max(1, int(os.environ["OMP_NUM_THREADS"]))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    return max(1, len(os.sched_getaffinity(0)) // max(1, workers))
+
+
 def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1) > 1:
+        # set before torch loads, and inherited by every server, stub and CLI process a test starts
+        n = str(worker_threads())
+        os.environ.setdefault("OMP_NUM_THREADS", n)
+        os.environ.setdefault("MKL_NUM_THREADS", n)
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...: disjoint port ranges, below
     if worker.startswith("gw") and worker[2:].isdigit():  # the kernel's ephemeral range (32768-)
         lo = 10_000 + 2_000 * int(worker[2:])

@@ -17,11 +17,12 @@ from trtspec.speculative.proposers import DraftModelProposer, NgramProposer, Pro
 from trtspec.sampling import Sampling
 from trtspec.speculative.stats import Aggregate
 from tests.engine.sampled_law import assert_three_token_law
+from tests.conftest import worker_threads
 
 
 @pytest.fixture(scope="module")
 def pair(tiny_models):
-    torch.set_num_threads(2)
+    torch.set_num_threads(worker_threads())
     t, d = tiny_models
     return load_causal_lm(t).fuse_(), load_causal_lm(d).fuse_()
 

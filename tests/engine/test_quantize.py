@@ -16,6 +16,7 @@ import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
+from tests.conftest import worker_threads
 from tests.greedy import plain_and_speculative
 from trtspec.config import ModelSpec
 from trtspec.errors import ConfigError, ModelError, StageError
@@ -37,7 +38,7 @@ ACTIVATIONS = {"fp8", "int8_sq", "w4a8_awq", "nvfp4"}  # formats that also quant
 @pytest.fixture(scope="module", autouse=True)
 def _threads():
     prev = torch.get_num_threads()
-    torch.set_num_threads(2)
+    torch.set_num_threads(worker_threads())
     yield
     torch.set_num_threads(prev)
 

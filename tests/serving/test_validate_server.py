@@ -18,6 +18,7 @@ from trtspec.client import AsyncLLMClient, LLMClient, ModelNotFound, Sampling
 from trtspec.config import parse_recipe
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
+from tests.conftest import worker_threads
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
@@ -28,7 +29,7 @@ def tiny_recipe(target, draft, **validation) -> dict:
         "name": "tiny-validate-test",
         "target": {"model": str(target)},
         "speculation": {"method": "draft_target", "draft": {"model": str(draft)}, "max_draft_len": 4},
-        "runtime": {"backend": "torch", "dtype": "float32", "device": "cpu", "torch_threads": 2,
+        "runtime": {"backend": "torch", "dtype": "float32", "device": "cpu", "torch_threads": worker_threads(),
                     # a low fixed break-even keeps the router on the speculative path on every prompt mix
                     "adaptive": {"enabled": True, "window": 64, "min_acceptance_rate": 0.05}},
         "limits": {"max_batch_size": 8, "max_input_len": 512, "max_seq_len": 1024},
