@@ -69,7 +69,7 @@ prometheus-tools:
 	fi
 
 test-fast: $(STAMP)
-	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" tests/unit
+	$(PYTHON) -m pytest -q --basetemp="$(CURDIR)/.pytest_tmp" $(XDIST) tests/unit
 
 # the serving image `trtspec deploy k8s` defaults to: docker/Dockerfile on the recipe's NVIDIA
 # Triton TRT-LLM base, tagged trtspec-triton:<version>-<release> (needs docker; not run in CI)
