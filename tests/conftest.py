@@ -56,13 +56,16 @@ def worker_threads() -> int:
     alone, 37 s beside a 2-thread neighbour and 9 s with 1 thread each (156 s in CI)."""
     if os.environ.get("OMP_NUM_THREADS", "").isdigit():
         return max(1, int(os.environ["OMP_NUM_THREADS"]))
-    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-    return max(1, len(os.sched_getaffinity(0)) // max(1, workers))
+    return max(1, len(os.sched_getaffinity(0)) // _xdist_workers())
+
+
+def _xdist_workers() -> int:
+    return max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1))
 
 
 def pytest_configure(config):
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1) > 1:
+    if _xdist_workers() > 1:
         # set before torch loads, and inherited by every server, stub and CLI process a test starts
         n = str(worker_threads())
         os.environ.setdefault("OMP_NUM_THREADS", n)

@@ -167,9 +167,10 @@ def test_a_p95_regression_fails_and_is_named_even_with_a_higher_throughput():
 def test_null_latency_tolerance_turns_only_the_tail_gates_off():
     bench = run(lognormal(0.01, spec=0.4, tail=1.6), block=8, requests=16)  # the P95 regression above
     assert _verdict(bench).decision == KEEP
+    levels = level_comparisons(bench)
     off = evaluate(Gates(min_speedup=1.0, latency_tolerance=None), mismatch_rate=0.0, exact_match_rate=1.0,
-                   tolerance=0, speedup=level_comparisons(bench)[1][SPEEDUP].interval, acceptance_rate=0.5,
-                   acceptance_source="server", levels=level_comparisons(bench))
+                   tolerance=0, speedup=levels[1][SPEEDUP].interval, acceptance_rate=0.5,
+                   acceptance_source="server", levels=levels)
     assert off.decision == DEPLOY, off.reason
     assert [g.name for g in off.gates] == ["greedy equivalence", "speedup", "acceptance"]
     tail = [r for r in off.levels if r["metric"] == "request_latency_p95"]

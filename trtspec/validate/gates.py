@@ -183,12 +183,13 @@ def evaluate(gates, *, mismatch_rate: float | None, exact_match_rate: float | No
             iv = cmp.interval
             row = {"concurrency": c, "metric": metric, "label": cmp.label, "speculative": cmp.speculative,
                    "baseline": cmp.baseline, "interval": iv.to_dict()}
-            if metric in LATENCY_METRICS and gates.latency_tolerance is None:  # tail gates off: shown only
-                row.update(bound="upper", limit=None, passed=None, gated=False)
-            elif metric in LATENCY_METRICS:
-                g = _level_gate(c, cmp, gates.latency_tolerance)
-                v.gates.append(g)
-                row.update(bound="upper", limit=g.threshold, passed=g.passed, gated=True)
+            if metric in LATENCY_METRICS:
+                if gates.latency_tolerance is None:  # tail gates off: shown, not gated
+                    row.update(bound="upper", limit=None, passed=None, gated=False)
+                else:
+                    g = _level_gate(c, cmp, gates.latency_tolerance)
+                    v.gates.append(g)
+                    row.update(bound="upper", limit=g.threshold, passed=g.passed, gated=True)
             else:  # throughput: gated at at_concurrency (the speedup gate), shown at every level
                 gated = c == gates.at_concurrency
                 row.update(bound="lower", limit=gates.min_speedup if gated else None,
