@@ -142,6 +142,7 @@ def llamacpp(bin_dir: pathlib.Path, tool: str, ggufs: dict, prompt: str, n: int,
 
 
 HEAD = "+int8_head"  # a --target-formats suffix: quantization.lm_head int8_wo and runtime.batch_invariant
+VOCAB = "@"  # a --draft-formats suffix: FMT@N drafts over the N most frequent tokens (speculation.draft_vocab_size)
 
 
 def quantized(models: pathlib.Path, fmt: str, model: str = TARGET) -> pathlib.Path:
@@ -186,9 +187,10 @@ def main() -> int:
     ap.add_argument("--target-formats", default=f"none,int4_wo,int4_wo{HEAD}",
                     help=f"targets for trtspec: none (bf16) and ModelOpt weight-only formats; FMT{HEAD}: the LM "
                          "head in INT8 too, run batch-invariant (runtime.batch_invariant: the lossless recipe)")
-    ap.add_argument("--draft-formats", default=f"int8,int4_wo{HEAD}",
+    ap.add_argument("--draft-formats", default=f"int8,int4_wo{HEAD},int4_wo{HEAD}{VOCAB}32768",
                     help="drafts for trtspec: int8 (the bf16 checkpoint on INT8 weights: runtime.draft_weight_only) "
-                    "and ModelOpt weight-only exports (FMT+int8_head: the LM head in INT8 too)")
+                    "and ModelOpt weight-only exports (FMT+int8_head: the LM head in INT8 too); FMT@N: a draft "
+                    "vocabulary of the N most frequent tokens (speculation.draft_vocab_size)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -199,7 +201,8 @@ def main() -> int:
 
     from trtspec.prompts import load_prompts
     from trtspec.speculative.engine import Engine
-    from trtspec.speculative.model import load_causal_lm
+    from trtspec.speculative.model import load_causal_lm, read_hf_config
+    from trtspec.speculative.vocab import frequent_vocab
     from trtspec.speculative.proposers import DraftModelProposer
     from trtspec.speculative.runtime import load_model
     from trtspec.sampling import Sampling
@@ -237,13 +240,19 @@ def main() -> int:
         targets[fmt] = (folder, load_model(str(folder), torch.bfloat16, torch.device("cpu"))
                         .batch_invariant_(fmt.endswith(HEAD)))
     dformats = [f.strip() for f in args.draft_formats.split(",") if f.strip()]
-    drafts = {}
+    drafts = {}  # draft format -> (folder, model, draft vocabulary or None)
     for dfmt in dformats:
-        if dfmt == "int8":
-            drafts[dfmt] = (models / DRAFT, load_causal_lm(models / DRAFT, dtype=torch.bfloat16).quantize_weight_only_())
+        base, _, cut = dfmt.partition(VOCAB)
+        if base == "int8":
+            folder, draft = models / DRAFT, load_causal_lm(models / DRAFT, dtype=torch.bfloat16).quantize_weight_only_()
         else:
-            folder = quantized(models, dfmt, DRAFT)
-            drafts[dfmt] = (folder, load_model(str(folder), torch.bfloat16, torch.device("cpu")))
+            folder = quantized(models, base, DRAFT)
+            draft = load_model(str(folder), torch.bfloat16, torch.device("cpu"))
+        vocab = frequent_vocab(folder, int(cut), draft.args.vocab_size, cfg=read_hf_config(folder)) if cut else None
+        if vocab is not None:
+            print(f"draft vocabulary {dfmt}: {vocab.size} tokens, {vocab.coverage:.4f} of the held-out corpus's "
+                  "tokens", flush=True)
+        drafts[dfmt] = (folder, draft, vocab)
     greedy = Sampling(max_tokens=n, ignore_eos=True)
     max_len = max(len(p) for p in prompts) + n + k + 8
 
@@ -252,8 +261,10 @@ def main() -> int:
         speculative = dfmt is not None
 
         def run():
-            draft = drafts[dfmt][1] if speculative else None
-            eng = Engine(target, DraftModelProposer(draft, k, max_len) if speculative else None, max_draft_len=k,
+            proposer = None
+            if speculative:
+                proposer = DraftModelProposer(drafts[dfmt][1], k, max_len, vocab=drafts[dfmt][2])
+            eng = Engine(target, proposer, max_draft_len=k,
                          max_batch_size=1, max_seq_len=max_len)
             outs, toks, secs, agg = [], 0, 0.0, Aggregate()
             for p in prompts:
@@ -277,8 +288,9 @@ def main() -> int:
     label = {"none": "bf16", "int8_wo": "INT8 weight-only (ModelOpt, native kernels)",
              "int4_wo": "INT4 weight-only (ModelOpt, native kernels)",
              f"int4_wo{HEAD}": "INT4 weight-only + INT8 LM head (ModelOpt, native kernels), batch-invariant"}
-    dlabel = {"int8": "INT8", "int4_wo": "INT4", f"int4_wo{HEAD}": "INT4 + INT8 LM head",
-              "int8_wo": "INT8 (ModelOpt)"}
+    dnames = {"int8": "INT8", "int4_wo": "INT4", f"int4_wo{HEAD}": "INT4 + INT8 LM head", "int8_wo": "INT8 (ModelOpt)"}
+    dlabel = {d: dnames.get(d.partition(VOCAB)[0], d) + (f", {d.partition(VOCAB)[2]}-token vocabulary" if VOCAB in d else "")
+              for d in dformats}
     configs = {name: theirs(tool) for name, tool in llama.items()}
     what: dict[str, tuple[str, str | None]] = {}  # config name -> (target format, draft format or None)
     for fmt in formats:
@@ -384,9 +396,10 @@ def serve_and_measure(models, target_dir, fmt, draft_dir, dfmt, prompts_text, ru
     recipe = parse_recipe({
         "name": "qwen-vs-llamacpp",
         "target": {"model": str(target_dir)},
-        "speculation": {"method": "draft_target", "draft": {"model": str(draft_dir)}, "max_draft_len": k},
+        "speculation": {"method": "draft_target", "draft": {"model": str(draft_dir)}, "max_draft_len": k,
+                        "draft_vocab_size": int(dfmt.partition(VOCAB)[2]) if VOCAB in dfmt else None},
         "runtime": {"backend": "torch", "dtype": "bfloat16", "device": "cpu", "torch_threads": args.threads,
-                    "draft_weight_only": "int8" if dfmt == "int8" else "none", "quantized_kernels": "native", "batch_invariant": fmt.endswith(HEAD),
+                    "draft_weight_only": "int8" if dfmt.partition(VOCAB)[0] == "int8" else "none", "quantized_kernels": "native", "batch_invariant": fmt.endswith(HEAD),
                     "adaptive": {"enabled": False, "min_acceptance_rate": 0.0}},
         "limits": {"max_batch_size": 1, "max_input_len": 1024, "max_seq_len": 2048},
         "serving": {"speculative_fraction": 1.0},

@@ -162,6 +162,13 @@ class DraftTarget(_SwitchesOff):
     max_draft_len: int = Field(4, ge=1, le=32)
     # TRT-LLM engine flow: compare draft logits (rejection sampling) instead of draft tokens.
     use_draft_logits: bool = False
+    draft_vocab_size: int | None = Field(
+        None, ge=64, multiple_of=64,
+        description="torch runtime: the draft scores only this many target tokens, the most frequent in trtspec's "
+        "code corpus under the draft's tokenizer (FR-Spec; EAGLE-3's draft vocabulary), so its LM head reads a "
+        "fraction of its bytes per drafted token. Lossless: the target verifies every token, and one outside the "
+        "cut is never proposed. A multiple of 64. None: the whole vocabulary",
+    )
 
 
 class Eagle(Strict):
@@ -794,6 +801,12 @@ class Recipe(Strict):
                 self.speculation.max_concurrency,
                 "the TensorRT-LLM engine flow has no run-time switch to stop speculating (TRT-LLM's "
                 "max_concurrency is PyTorch flow only); drop it, or use runtime.backend trtllm-pytorch or torch",
+            )
+        if getattr(self.speculation, "draft_vocab_size", None) is not None and backend != "torch":
+            raise _FieldProblem(
+                "speculation.draft_vocab_size", self.speculation.draft_vocab_size,
+                f"a draft vocabulary cut runs in trtspec's torch runtime, not on '{backend}' (TRT-LLM's draft-target "
+                "flow drafts over the whole vocabulary); drop it, or use runtime.backend torch",
             )
         problem = draft_option_problem(method, backend, self.runtime.draft_weight_only, self.runtime.compile_draft)
         if problem is not None:

@@ -587,6 +587,7 @@ class CausalLM(nn.Module):
         self.weight_only: str | None = None  # "int8" after quantize_weight_only_
         self.decode = None  # compiled decode_one after compile_decode_
         self._kernel_layers = None  # see kernel_layers
+        self.vocab_ids: torch.Tensor | None = None  # the LM head's rows after restrict_vocab_ (a draft vocabulary)
 
     # ---- rope tables (HF convention: cos/sin of cat(freqs, freqs))
     def _rope(self, n: int, device, dtype):
@@ -664,6 +665,40 @@ class CausalLM(nn.Module):
             self.lm_head = Int8Linear(self.model.embed_tokens.weight, None)
         self.weight_only = "int8"
         self._kernel_layers = None
+        return self
+
+    @torch.no_grad()
+    def restrict_vocab_(self, ids: torch.Tensor) -> "CausalLM":
+        """Keep only the LM head's rows ``ids`` (a draft vocabulary, :mod:`trtspec.speculative.vocab`):
+        logits come out over ``len(ids)`` draft indices; the embedding keeps every token, so any
+        committed token can still be fed. A tied head gets its own copy of the rows. INT8/INT4 heads
+        keep their INT values and scales (the same bits, fewer rows). Returns self."""
+        idx = ids.to(device=self.model.embed_tokens.weight.device, dtype=torch.long)
+        if self.vocab_ids is not None:  # several proposers (engines) may share one draft model
+            if torch.equal(self.vocab_ids, idx):
+                return self
+            raise ModelError("this draft already drafts over another vocabulary cut", fix="load the draft again")
+        head = self.lm_head
+        if type(head) is nn.Linear:
+            new = nn.Linear(head.in_features, idx.numel(), bias=head.bias is not None,
+                            device=head.weight.device, dtype=head.weight.dtype)
+            new.weight.copy_(head.weight[idx])
+            if head.bias is not None:
+                new.bias.copy_(head.bias[idx])
+        elif isinstance(head, _WeightOnlyLinear):
+            new = type(head).__new__(type(head))
+            nn.Module.__init__(new)
+            new.register_buffer("qweight", head.int_values[idx].contiguous())
+            new.register_buffer("scales", head.scales[idx].contiguous())
+            new.group, new.in_features, new.packed = head.group, head.in_features, None
+            new.bias = None if head.bias is None else head.bias[idx].clone()
+            if hasattr(head, "pre_quant_scale"):
+                new.pre_quant_scale = head.pre_quant_scale
+        else:
+            raise ModelError(f"a draft vocabulary cannot cut a {type(head).__name__} LM head (ModelOpt fake-quant)",
+                             fix="run the draft on native kernels (runtime.quantized_kernels: native), or drop "
+                                 "speculation.draft_vocab_size")
+        self.lm_head, self.vocab_ids = new, idx
         return self
 
     def kernel_layers(self) -> list | None:

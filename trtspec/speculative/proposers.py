@@ -18,6 +18,7 @@ from trtspec.errors import ModelError, one_line
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.sampling import Sampling
 from trtspec.speculative.sampling import greedy_token, logits_to_probs, sample
+from trtspec.speculative.vocab import DraftVocab
 
 
 @dataclass
@@ -71,8 +72,15 @@ class DraftModelProposer:
     name = "draft_target"
     target_hidden_layers: tuple[int, ...] = ()
 
-    def __init__(self, model: CausalLM, max_slots: int, max_len: int, *, compile: bool = False):
+    def __init__(self, model: CausalLM, max_slots: int, max_len: int, *, compile: bool = False,
+                 vocab: DraftVocab | None = None):
         self.model = model
+        # a draft vocabulary (speculation.draft_vocab_size): the head scores only vocab.ids, and a
+        # drafted index maps back to its target id before it is proposed or fed to the draft again
+        self.vocab = vocab
+        if vocab is not None:
+            model.restrict_vocab_(vocab.ids)
+            self._ids = vocab.ids.to(model.model.embed_tokens.weight.device)
         self.cache = model.new_cache(max_slots, max_len)
         self.valid = [0] * max_slots
         self.written = [0] * max_slots  # draft positions written past valid in the last round
@@ -141,9 +149,13 @@ class DraftModelProposer:
             if greedy:
                 x = greedy_token(logits)
             else:
-                q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, V]
+                q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, V or cut]
                 x = torch.stack([sample(q[b], generators[b]) for b in range(B)])
+                if self.vocab is not None:  # q over the whole vocabulary: zero outside the cut
+                    q = q.new_zeros(B, self.model.args.vocab_size).index_copy_(1, self._ids, q)
                 probs.append(q)
+            if self.vocab is not None:
+                x = self._ids[x]
             tokens.append(x)
             if i < K - 1:
                 logits = self._step(slots, rows, x, i)

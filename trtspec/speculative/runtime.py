@@ -20,6 +20,7 @@ from trtspec.speculative.proposers import DraftModelProposer, NgramProposer, Pro
 from trtspec.manifest import maybe_manifest
 from trtspec.speculative.faults import FAULTS
 from trtspec.speculative.spec import RuntimeSpec
+from trtspec.speculative.vocab import frequent_vocab
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,8 +59,12 @@ def draft_model_proposer(spec: RuntimeSpec, target: CausalLM, dtype, device) -> 
         raise ModelError("draft_target needs a draft model folder", fix="set speculation.draft.model")
     # draft tokens are compared as ids, so a padded embedding (vocab_size differs, ids agree) is fine
     draft = load_model(spec.draft, dtype, device, spec.runtime.draft_weight_only, spec.runtime.quantized_kernels)
+    vocab = None
+    if spec.draft_vocab_size is not None:
+        vocab = frequent_vocab(spec.draft, spec.draft_vocab_size, draft.args.vocab_size,
+                               cfg=read_hf_config(spec.draft))
     return DraftModelProposer(draft, spec.limits.max_batch_size, spec.limits.max_seq_len + spec.max_draft_len + 2,
-                              compile=spec.runtime.compile_draft)
+                              compile=spec.runtime.compile_draft, vocab=vocab)
 
 
 def ngram_proposer(spec: RuntimeSpec, target: CausalLM, dtype, device) -> Proposer:

@@ -63,6 +63,7 @@ class RuntimeSpec:
     draft: str | None = None  # draft model folder or EAGLE-3 head folder
     max_draft_len: int = 4
     max_concurrency: int | None = None  # speculation.max_concurrency: no drafting above this many requests
+    draft_vocab_size: int | None = None  # speculation.draft_vocab_size: the draft scores only this many tokens
     max_matching_ngram_size: int = 3
     min_matching_ngram_size: int = 1
     runtime: TorchRuntime = field(default_factory=TorchRuntime)  # the recipe's runtime section, torch part
@@ -95,13 +96,14 @@ class RuntimeSpec:
     def baseline(self) -> "RuntimeSpec":
         """The same target and runtime with ordinary decoding: the fallback deployed beside the
         speculative one. Every option that only concerns a draft is reset here, in one place."""
-        return replace(self, method="none", draft=None, max_concurrency=None, runtime=self._runtime_with(
+        return replace(self, method="none", draft=None, max_concurrency=None, draft_vocab_size=None, runtime=self._runtime_with(
             {"adaptive": {"enabled": False, "min_acceptance_rate": None}, "draft_weight_only": "none",
              "compile_draft": False}))
 
     def to_dict(self) -> dict:
         return {"version": SPEC_VERSION, "target": self.target, "method": self.method, "draft": self.draft,
                 "max_draft_len": self.max_draft_len, "max_concurrency": self.max_concurrency,
+                "draft_vocab_size": self.draft_vocab_size,
                 "max_matching_ngram_size": self.max_matching_ngram_size,
                 "min_matching_ngram_size": self.min_matching_ngram_size, "runtime": self.runtime.model_dump(),
                 "limits": self.limits.model_dump(), "extra": self.extra}
@@ -148,6 +150,7 @@ class RuntimeSpec:
             draft=draft or (spec_model.model if spec_model else None),
             max_draft_len=recipe.max_draft_len or 0,
             max_concurrency=getattr(s, "max_concurrency", None),
+            draft_vocab_size=getattr(s, "draft_vocab_size", None),
             max_matching_ngram_size=getattr(s, "max_matching_ngram_size", 3),
             min_matching_ngram_size=getattr(s, "min_matching_ngram_size", 1),
             runtime=recipe.runtime.model_dump(include=set(TorchRuntime.model_fields)),
