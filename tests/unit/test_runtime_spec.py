@@ -73,3 +73,16 @@ def test_max_concurrency_travels_from_the_recipe_and_the_baseline_drops_it():
     assert RuntimeSpec.from_json(spec.to_json()).max_concurrency == 1
     assert spec.baseline().max_concurrency is None
     assert RuntimeSpec.from_recipe(_recipe()).max_concurrency is None  # default: always speculate
+
+
+def test_draft_vocab_size_travels_from_the_recipe_and_the_baseline_drops_it():
+    r = parse_recipe({
+        "name": "dv", "target": {"model": "/m/target"},
+        "speculation": {"method": "draft_target", "draft": {"model": "/m/draft"}, "max_draft_len": 2,
+                        "draft_vocab_size": 32768},
+    })
+    spec = RuntimeSpec.from_recipe(r)
+    assert spec.draft_vocab_size == 32768
+    assert RuntimeSpec.from_json(spec.to_json()).draft_vocab_size == 32768
+    assert spec.baseline().draft_vocab_size is None
+    assert RuntimeSpec.from_recipe(_recipe()).draft_vocab_size is None  # default: the whole vocabulary

@@ -40,6 +40,9 @@ def _runtime_options(fn):
         click.option("--compile-draft", is_flag=True,
                      help="torch.compile the draft model's one-token step (draft-target; compiles for seconds "
                           "at start); outputs do not change."),
+        click.option("--draft-vocab-size", type=click.IntRange(64), default=None,
+                     help="Draft over the N most frequent tokens only (draft-target; a multiple of 64; "
+                          "speculation.draft_vocab_size); outputs do not change."),
     ]
     for o in reversed(opts):
         fn = o(fn)
@@ -47,7 +50,8 @@ def _runtime_options(fn):
 
 
 def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-                  draft_weight_only="none", compile_draft=False, max_batch_size=1, max_seq_len=2048):
+                  draft_weight_only="none", compile_draft=False, draft_vocab_size=None, max_batch_size=1,
+                  max_seq_len=2048):
 
     if method is None:
         method = "draft_target" if draft else ("eagle3" if head else "none")
@@ -61,8 +65,12 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
     if problem is not None:
         flag = "--" + problem[0].removeprefix("runtime.").replace("_", "-")
         raise click.UsageError(f"{flag}: {problem[2]}")
+    if draft_vocab_size is not None and (method != "draft_target" or draft_vocab_size % 64):
+        raise click.UsageError(f"--draft-vocab-size {draft_vocab_size}: needs --draft (draft-target) and a multiple "
+                               "of 64")
     return RuntimeSpec(
         target=target, method=method, draft=draft or head, max_draft_len=max_draft_len,
+        draft_vocab_size=draft_vocab_size,
         max_matching_ngram_size=ngram_size,
         runtime={"dtype": dtype, "device": device, "torch_threads": threads, "adaptive": {"enabled": adaptive},
                  "draft_weight_only": draft_weight_only, "compile_draft": compile_draft},
@@ -81,7 +89,7 @@ def _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype,
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: token_ids, text, stats.")
 @handle_errors
 def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-             draft_weight_only, compile_draft, prompt, max_new_tokens, temperature, top_k, top_p, seed, as_json):
+             draft_weight_only, compile_draft, draft_vocab_size, prompt, max_new_tokens, temperature, top_k, top_p, seed, as_json):
     """Generate with the torch runtime: plain decoding, or speculation with a draft model, an
     EAGLE-3 head or n-gram prompt lookup. Greedy speculation is token-identical to plain decoding."""
     if not target:
@@ -90,7 +98,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
 
 
     spec = _runtime_spec(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-                         draft_weight_only, compile_draft)
+                         draft_weight_only, compile_draft, draft_vocab_size)
     params = Sampling(max_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
     engine = build_engine(spec)
     tok = AutoTokenizer.from_pretrained(target)
@@ -105,6 +113,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
         "target_passes": st.steps, "ttft_s": round(st.ttft_s, 6), "finish_reason": g.finish_reason,
         "method": spec.method, "max_draft_len": spec.max_draft_len if spec.method != "none" else 0,
         "draft_weight_only": spec.runtime.draft_weight_only, "compile_draft": spec.runtime.compile_draft,
+        "draft_vocab_size": spec.draft_vocab_size,
     }
     if as_json:
         click.echo(json.dumps({"token_ids": g.token_ids, "text": text, "stats": stats}))
@@ -134,7 +143,7 @@ def generate(target, draft, method, head, max_draft_len, ngram_size, dtype, devi
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, threads, adaptive,
-         draft_weight_only, compile_draft, prompt_source, num_prompts, max_new_tokens, k_max, trtllm_recipe,
+         draft_weight_only, compile_draft, draft_vocab_size, prompt_source, num_prompts, max_new_tokens, k_max, trtllm_recipe,
          k_values, build_dir, bench_dir, dry_run, as_json):
     """Recommend max_draft_len from measured per-position acceptance α_i, draft cost c and verify cost v_k.
 
@@ -152,7 +161,7 @@ def tune(target, draft, method, head, max_draft_len, ngram_size, dtype, device, 
 
 
     spec = _runtime_spec(target, draft, method, head, k_max, ngram_size, dtype, device, threads, False,
-                         draft_weight_only, compile_draft)
+                         draft_weight_only, compile_draft, draft_vocab_size)
     if spec.method == "none":
         raise click.UsageError("tune needs a proposer: --draft DIR, --method ngram or --method eagle3 --head DIR")
     engine = build_engine(spec)
