@@ -154,14 +154,39 @@ def test_policy_recovers_when_acceptance_comes_back():
     assert sum(k >= 3 for k in chosen[-50:]) >= 40, chosen[-50:]
 
 
-def test_policy_probes_one_token_after_64_plain_steps_even_where_drafting_looks_hopeless():
-    p = _policy(lambda B, k: 0.01 + 0.02 * k, 0.001)  # every draft token doubles the step
+def test_policy_probes_every_64_plain_steps_for_acceptance_and_every_512_where_the_costs_alone_say_no():
+    # acceptance-bound: drafting would pay at a good acceptance, so a probe can change the choice
+    p = _policy(lambda B, k: 0.01 + 0.002 * k, 0.001)
     for _ in range(100):
-        p.observe(1, 1, 0.03, 0.001, [(1, 0)])
+        p.observe(1, 1, 0.012, 0.001, [(1, 0)])
     whys = []
     for _ in range(130):
         k = p.choose(1, [p.row_alphas([], [])])
         whys.append((k, p.last["why"]))
-        p.observe(1, k, 0.01 + 0.02 * k, 0.001 * k, [(k, 0)])
+        p.observe(1, k, 0.01 + 0.002 * k, 0.001 * k, [(k, 0)])
     assert [i for i, (k, _) in enumerate(whys) if k] == [64, 129]
     assert whys[64] == (1, "probe")
+    # cost-bound: every draft token doubles the step, so not even α = 1 pays; probes only re-measure
+    p = _policy(lambda B, k: 0.01 + 0.02 * k, 0.001)
+    for _ in range(100):
+        p.observe(1, 1, 0.03, 0.001, [(1, 0)])
+    whys = []
+    for _ in range(1030):
+        k = p.choose(1, [p.row_alphas([], [])])
+        whys.append((k, p.last["why"]))
+        p.observe(1, k, 0.01 + 0.02 * k, 0.001 * k, [(k, 0)])
+    assert [i for i, (k, _) in enumerate(whys) if k] == [512, 1025]
+    assert whys[512] == (1, "probe")
+
+
+def test_catch_up_is_priced_spread_over_the_steps_left():
+    """Drafting after plain steps first reads what the draft skipped: a batch near its end does
+    not switch back for a long catch-up; a new request's prompt over its whole output does."""
+    p = _policy(lambda B, k: 0.010 + 0.002 * k, 0.001, batches=(1,))
+    alphas = [[0.9] * 4]
+    assert p.catch_up_share(500, 10) == 0.0  # nothing measured yet: no price
+    p.cost.add_catch_up(100, 0.05)  # 0.5 ms per token read late
+    assert p.catch_up_share(500, 10) == pytest.approx(0.025)
+    assert p.best(1, alphas)[0] > 0
+    assert p.best(1, alphas, catch_up=p.catch_up_share(30, 32))[0] > 0  # a 30-token prompt, 64 tokens to go
+    assert p.best(1, alphas, catch_up=p.catch_up_share(500, 3))[0] == 0  # 500 tokens behind, 6 tokens to go

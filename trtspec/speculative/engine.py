@@ -288,7 +288,7 @@ class Engine:
         slots = [self.slots[i] for i in rows]
         B = len(rows)
         capped = self.max_concurrency is not None and B > self.max_concurrency  # rows share one read of
-        batch_k = self._batch_draft_len(B, slots) if self.goodput is not None and not capped else None  # the weights
+        batch_k = self._batch_draft_len(B, rows, slots) if self.goodput is not None and not capped else None  # the weights
         ks = [self._draft_len(s, batch_k) for s in slots]
         if capped:  # plain decoding pays more than speculation there
             ks = [k if s.external else 0 for k, s in zip(ks, slots)]
@@ -360,8 +360,10 @@ class Engine:
         self.chosen_k[max(ks, default=0)] += 1
         if self.goodput is not None:  # capped steps too: they measure (B, 0)
             # external drafts (the client's) say nothing about the proposer's acceptance
-            take = getattr(self.proposer, "take_catch_up_s", None)  # a prompt read late: not per-token cost
-            self.goodput.observe(B, K, verify_s, max(0.0, draft_s - (take() if take else 0.0)),
+            take = getattr(self.proposer, "take_catch_up", None)  # tokens read late: priced apart
+            late_s, late_tokens = take() if take else (0.0, 0)
+            self.goodput.cost.add_catch_up(late_tokens, late_s)
+            self.goodput.observe(B, K, verify_s, max(0.0, draft_s - late_s),
                                  [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)])
         if self._last_step_end is not None and t0 - self._last_step_end < 0.05:
             # this step's wall time since the last one ended, less what draft and verify took
@@ -377,13 +379,20 @@ class Engine:
         self._last_step_end = t3  # the next step's overhead starts here: this step's commit is part of it
         return events
 
-    def _batch_draft_len(self, batch: int, slots: list[_Slot]) -> int:
+    def _batch_draft_len(self, batch: int, rows: list[int], slots: list[_Slot]) -> int:
         """The goodput policy's k for this step (goodput.py): rows' per-position acceptance, the
         costs at this batch size, the measured per-step overhead."""
         g = self.goodput
         dep = g.deployment_alphas()
         alphas = [g.row_alphas(s.stats.reached, s.stats.accepted_at, dep) for s in slots]
-        return g.choose(batch, alphas, self.cost["overhead"] or 0.0)
+        catch_up = 0.0
+        behind = getattr(self.proposer, "behind", None)
+        if behind is not None:  # drafting after plain steps first reads what the draft skipped
+            late = behind(rows, [s.seq for s in slots])
+            # the steps the batch still has: the fewest tokens any row has left, two per step
+            left = min(max(1, s.req.params.max_tokens - s.stats.generated) for s in slots) / 2
+            catch_up = g.catch_up_share(late, left)
+        return g.choose(batch, alphas, self.cost["overhead"] or 0.0, catch_up)
 
     def snapshot(self) -> dict:
         """The draft-length policy's state: the k chosen per step so far, and the goodput

@@ -35,7 +35,15 @@ another tenant loaded the machine is measured again); only a k whose estimated g
 ``explore_margin`` of the best is worth a step (at batch 8 a k the line prices at half the
 goodput is not measured again and again). And after ``probe_every`` steps in a row at k = 0 one
 step drafts a single token (a probe): k = 0 measures no acceptance, so without it a deployment
-whose acceptance fell (other traffic) would never see it rise again. While the costs cannot be fitted yet (fewer than two pass sizes seen),
+whose acceptance fell (other traffic) would never see it rise again. Where k = 0 is the costs'
+verdict instead (even every draft token accepted would not beat ordinary decoding at this batch
+size, as for the Qwen pair at 4 rows on 2 cores) a probe teaches nothing about acceptance and
+costs a few plain steps: it then comes 8x as seldom, only to re-measure the costs.
+
+Catch-up: a draft model skips the tokens of plain steps and reads them in one pass when drafting
+resumes (proposers.DraftModelProposer). A step that drafts after plain ones pays that pass, spread
+over the steps the batch's requests have left (:meth:`GoodputPolicy.catch_up_share`), so a batch
+that has run plain for a while switches back only when speculation will pay the reading back. While the costs cannot be fitted yet (fewer than two pass sizes seen),
 the first step drafts ``max_k`` and the next ones measure k = 0 and then the other lengths.
 
 No torch: unit tests drive it with synthetic costs.
@@ -78,12 +86,18 @@ class CostModel:
         self.min_samples = min_samples
         self.cells: dict[tuple[int, int], _Cell] = {}  # (B, k) → verify seconds
         self.draft_token: dict[int, _Cell] = {}  # B → seconds per draft token
+        self.catch_up_token = _Cell()  # seconds per committed token the draft reads late (catch-up)
         self._line: tuple[float, float] | None = None
         self._dirty = False
 
     def add_verify(self, batch: int, k: int, seconds: float) -> None:
         self.cells.setdefault((batch, k), _Cell()).add(seconds)
         self._dirty = True
+
+    def add_catch_up(self, tokens: int, seconds: float) -> None:
+        """The draft read ``tokens`` skipped committed tokens in ``seconds``."""
+        if tokens > 0:
+            self.catch_up_token.add(seconds / tokens)
 
     def add_draft(self, batch: int, k: int, seconds: float) -> None:
         """``seconds`` for drafting ``k`` tokens for each of ``batch`` rows (catch-up included)."""
@@ -126,7 +140,8 @@ class CostModel:
         ab = self.line()
         return {"verify_line_s": None if ab is None else {"a": ab[0], "b_per_token": ab[1]},
                 "verify_s": {f"{b},{k}": round(m.value, 6) for (b, k), m in sorted(self.cells.items())},
-                "draft_token_s": {str(b): round(m.value, 6) for b, m in sorted(self.draft_token.items())}}
+                "draft_token_s": {str(b): round(m.value, 6) for b, m in sorted(self.draft_token.items())},
+                "catch_up_token_s": round(self.catch_up_token.value, 6) if self.catch_up_token.n else None}
 
 
 def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
@@ -155,6 +170,9 @@ class GoodputPolicy:
         self.explore_every = explore_every
         self.explore_margin = explore_margin
         self.probe_every = probe_every
+        # where the costs alone rule drafting out (no acceptance would pay), a probe only re-measures
+        # them, in case they were taken while another tenant loaded the machine: 8x as seldom
+        self.cost_probe_every = 8 * probe_every
         self.plain_run = 0  # steps in a row at k = 0
         self._drafted_last = False  # the last observed step drafted
         self.prior_strength = prior_strength
@@ -185,29 +203,46 @@ class GoodputPolicy:
 
     # ---------------------------------------------------------------- the decision
 
-    def goodput(self, batch: int, rows_alphas: list[list[float]], k: int, overhead: float = 0.0) -> float | None:
-        """Expected accepted tokens per second of one step at draft length k (None: a cost unknown)."""
+    def goodput(self, batch: int, rows_alphas: list[list[float]], k: int, overhead: float = 0.0,
+                catch_up: float = 0.0) -> float | None:
+        """Expected accepted tokens per second of one step at draft length k (None: a cost unknown).
+        ``catch_up``: seconds a drafting step pays on top (the draft reading tokens it skipped while
+        steps were plain, amortized: :meth:`catch_up_share`); k = 0 does not pay it."""
         v, d = self.cost.verify(batch, k), self.cost.draft(batch, k)
         if v is None or d is None:
             return None
         tokens = sum(expected_tokens(a, k) for a in rows_alphas)
-        return tokens / max(v + d + overhead, 1e-9)
+        return tokens / max(v + d + overhead + (catch_up if k else 0.0), 1e-9)
 
-    def best(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0) -> tuple[int, dict[int, float]]:
+    def best(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0,
+             catch_up: float = 0.0) -> tuple[int, dict[int, float]]:
         """The k with the highest expected goodput (ties: the shorter draft), and every k's figure;
         (-1, …) while some k has no cost estimate."""
-        g = {k: self.goodput(batch, rows_alphas, k, overhead) for k in range(self.max_k + 1)}
+        g = {k: self.goodput(batch, rows_alphas, k, overhead, catch_up) for k in range(self.max_k + 1)}
         if any(v is None for v in g.values()):
             return -1, {k: v for k, v in g.items() if v is not None}
         return max(g, key=lambda k: (g[k], -k)), g
 
-    def choose(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0) -> int:
-        """The draft length of the next step at ``batch`` rows, exploration included."""
+    def catch_up_share(self, behind_tokens: int, steps_left: float) -> float:
+        """Seconds per step that switching to drafting costs: the draft reads the ``behind_tokens``
+        committed tokens it has not seen (a prompt read late, the tokens of plain steps) at the
+        measured seconds per caught-up token, spread over the ``steps_left`` steps the batch's
+        requests still have to go. A request near its end does not pay back a long catch-up; a new
+        request's prompt, spread over its whole output, costs little."""
+        c = self.cost.catch_up_token.value if self.cost.catch_up_token.n else None
+        if not behind_tokens or c is None:
+            return 0.0
+        return behind_tokens * c / max(steps_left, 1.0)
+
+    def choose(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0,
+               catch_up: float = 0.0) -> int:
+        """The draft length of the next step at ``batch`` rows, exploration included; ``catch_up``
+        as :meth:`goodput` takes it."""
         if self.max_k == 0:
             return 0
         n = self.steps_at[batch]
         self.steps_at[batch] += 1
-        k, g = self.best(batch, rows_alphas, overhead)
+        k, g = self.best(batch, rows_alphas, overhead, catch_up)
         why = "goodput"
         if k < 0:  # cold start: something has no estimate; measure max_k, then 0, then the rest
             k, why = self._least_measured(batch, prefer=(self.max_k, 0)), "cold start"
@@ -218,12 +253,21 @@ class GoodputPolicy:
                 refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
-        if k == 0 and self.probe_every and self.plain_run >= self.probe_every:
+        if k == 0 and self.probe_every and self.plain_run >= self.probe_every and (
+                self.plain_run >= self.cost_probe_every or self._acceptance_bound(batch, overhead, catch_up)):
             k, why = 1, "probe"
         self.plain_run = self.plain_run + 1 if k == 0 else 0
         self.chosen[k] += 1
         self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()}}
         return k
+
+    def _acceptance_bound(self, batch: int, overhead: float, catch_up: float) -> bool:
+        """Is k = 0 chosen for want of acceptance? Only then can a probe's measurement change the
+        choice. Where even every draft token accepted (α = 1) would not beat ordinary decoding at
+        this batch size, k = 0 is the costs' verdict and a probe is a step lost (the Qwen pair at
+        4 rows: a probe cost 3 plain steps and bought nothing)."""
+        k, _ = self.best(batch, [[1.0] * self.max_k] * batch, overhead, catch_up)
+        return k != 0
 
     def _least_measured(self, batch: int, prefer: tuple[int, ...] = ()) -> int:
         for k in prefer:

@@ -86,6 +86,7 @@ class DraftModelProposer:
         self.written = [0] * max_slots  # draft positions written past valid in the last round
         self.device = model.model.embed_tokens.weight.device
         self.catch_up_s = 0.0  # seconds spent reading committed tokens since the engine last took it
+        self.catch_up_tokens = 0  # … and how many tokens that read
         if compile:
             self._compile()
 
@@ -118,11 +119,18 @@ class DraftModelProposer:
         self.valid[slot] = 0  # read at the first proposal (_catch_up)
         self.written[slot] = 0
 
-    def take_catch_up_s(self) -> float:
-        """Seconds spent catching up since the last call: a cost every committed token pays once,
-        whatever the draft length, so the engine's per-token draft cost leaves it out."""
-        t, self.catch_up_s = self.catch_up_s, 0.0
-        return t
+    def take_catch_up(self) -> tuple[float, int]:
+        """(seconds, tokens) of catching up since the last call: a cost every committed token pays
+        once, when drafting resumes, whatever the draft length, so the engine's per-token draft cost
+        leaves it out and the goodput policy prices it apart (GoodputPolicy.catch_up_share)."""
+        out = (self.catch_up_s, self.catch_up_tokens)
+        self.catch_up_s, self.catch_up_tokens = 0.0, 0
+        return out
+
+    def behind(self, slots: list[int], seqs: list[list[int]]) -> int:
+        """Committed tokens the draft would read in a catch-up pass before drafting for these rows."""
+        return sum(max(0, len(seq) - 1 - self.valid[s]) for s, seq in zip(slots, seqs)
+                   if len(seq) - 1 - self.valid[s] >= 2)
 
     def _catch_up(self, slots: list[int], seqs: list[list[int]]) -> None:
         """Each row more than 2 tokens behind reads ``seq[valid:-1]`` alone (a prompt, or the tokens of
@@ -134,6 +142,7 @@ class DraftModelProposer:
                 ids = torch.tensor([behind], device=self.device)
                 self.model(ids, self.cache, Step([s], [self.valid[s]], len(behind)), logits="none")
                 self.valid[s] += len(behind)
+                self.catch_up_tokens += len(behind)
         self.catch_up_s += time.perf_counter() - t0
 
     @torch.inference_mode()
