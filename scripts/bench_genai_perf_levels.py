@@ -74,6 +74,7 @@ def trtspec_levels(report: dict) -> dict[int, dict[str, dict]]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--run", required=True, help="a `trtspec run` workdir (runs/NAME)")
+    ap.add_argument("--recipe", default=None, help="the run's recipe [default: build_configs/NAME.yaml]")
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds per level (each: both models once)")
     ap.add_argument("--requests", type=int, default=None, help="requests per genai-perf run [default: the recipe's "
                     "validation.block_requests, at least 2 per concurrent client]")
@@ -85,11 +86,9 @@ def main() -> int:
     from trtspec.prompts import load_prompts
 
     run = pathlib.Path(args.run)
-    manifest = json.loads((run / "run.json").read_text()) if (run / "run.json").is_file() else {}
-    recipe_path = manifest.get("recipe") or str(next(run.glob("recipe*.yaml")))
-    recipe = load_recipe(recipe_path)
-    report = json.loads(next(run.rglob("validate/report.json")).read_text())
-    repo = next(p.parent for p in run.rglob("ensemble/config.pbtxt"))
+    report = json.loads((run / "validate" / "report.json").read_text())
+    recipe = load_recipe(args.recipe or ROOT / "build_configs" / f"{report['recipe']}.yaml")
+    repo = run / "package" / "repository"
     ours = trtspec_levels(report)
     v = recipe.validation
     prompts = load_prompts(v.prompts, v.num_prompts)

@@ -129,8 +129,8 @@ class DraftModelProposer:
 
     def behind(self, slots: list[int], seqs: list[list[int]]) -> int:
         """Committed tokens the draft would read in a catch-up pass before drafting for these rows."""
-        return sum(max(0, len(seq) - 1 - self.valid[s]) for s, seq in zip(slots, seqs)
-                   if len(seq) - 1 - self.valid[s] >= 2)
+        behind = (len(seq) - 1 - self.valid[s] for s, seq in zip(slots, seqs))
+        return sum(n for n in behind if n >= 2)  # 1 token is the batched feed's, not a catch-up
 
     def _catch_up(self, slots: list[int], seqs: list[list[int]]) -> None:
         """Each row more than 2 tokens behind reads ``seq[valid:-1]`` alone (a prompt, or the tokens of
