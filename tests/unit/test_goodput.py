@@ -154,27 +154,26 @@ def test_policy_recovers_when_acceptance_comes_back():
     assert sum(k >= 3 for k in chosen[-50:]) >= 40, chosen[-50:]
 
 
-def test_policy_probes_every_64_plain_steps_for_acceptance_and_every_512_where_the_costs_alone_say_no():
-    # acceptance-bound: drafting would pay at a good acceptance, so a probe can change the choice
-    p = _policy(lambda B, k: 0.01 + 0.002 * k, 0.001)
+def _probe_steps(verify, steps: int) -> list[tuple[int, str]]:
+    """(k, why) per step of a one-row policy after 100 steps whose every draft token was rejected."""
+    p = _policy(verify, 0.001)
     for _ in range(100):
-        p.observe(1, 1, 0.012, 0.001, [(1, 0)])
+        p.observe(1, 1, verify(1, 1), 0.001, [(1, 0)])
     whys = []
-    for _ in range(130):
+    for _ in range(steps):
         k = p.choose(1, [p.row_alphas([], [])])
         whys.append((k, p.last["why"]))
-        p.observe(1, k, 0.01 + 0.002 * k, 0.001 * k, [(k, 0)])
+        p.observe(1, k, verify(1, k), 0.001 * k, [(k, 0)])
+    return whys
+
+
+def test_policy_probes_every_64_plain_steps_for_acceptance_and_every_512_where_the_costs_alone_say_no():
+    # acceptance-bound: drafting would pay at a good acceptance, so a probe can change the choice
+    whys = _probe_steps(lambda B, k: 0.01 + 0.002 * k, 130)
     assert [i for i, (k, _) in enumerate(whys) if k] == [64, 129]
     assert whys[64] == (1, "probe")
     # cost-bound: every draft token doubles the step, so not even α = 1 pays; probes only re-measure
-    p = _policy(lambda B, k: 0.01 + 0.02 * k, 0.001)
-    for _ in range(100):
-        p.observe(1, 1, 0.03, 0.001, [(1, 0)])
-    whys = []
-    for _ in range(1030):
-        k = p.choose(1, [p.row_alphas([], [])])
-        whys.append((k, p.last["why"]))
-        p.observe(1, k, 0.01 + 0.02 * k, 0.001 * k, [(k, 0)])
+    whys = _probe_steps(lambda B, k: 0.01 + 0.02 * k, 1030)
     assert [i for i, (k, _) in enumerate(whys) if k] == [512, 1025]
     assert whys[512] == (1, "probe")
 

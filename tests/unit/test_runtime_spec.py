@@ -62,27 +62,14 @@ def test_an_engine_spec_built_by_hand_keeps_adaptive_drafting_off():
     assert _recipe().runtime.adaptive.enabled is True  # a recipe's default is on
 
 
-def test_max_concurrency_travels_from_the_recipe_and_the_baseline_drops_it():
+@pytest.mark.parametrize("field,value", [("max_concurrency", 1), ("draft_vocab_size", 32768)])
+def test_a_draft_option_travels_from_the_recipe_and_the_baseline_drops_it(field, value):
     r = parse_recipe({
-        "name": "mc", "target": {"model": "/m/target"},
-        "speculation": {"method": "draft_target", "draft": {"model": "/m/draft"}, "max_draft_len": 2,
-                        "max_concurrency": 1},
+        "name": "opt", "target": {"model": "/m/target"},
+        "speculation": {"method": "draft_target", "draft": {"model": "/m/draft"}, "max_draft_len": 2, field: value},
     })
     spec = RuntimeSpec.from_recipe(r)
-    assert spec.max_concurrency == 1
-    assert RuntimeSpec.from_json(spec.to_json()).max_concurrency == 1
-    assert spec.baseline().max_concurrency is None
-    assert RuntimeSpec.from_recipe(_recipe()).max_concurrency is None  # default: always speculate
-
-
-def test_draft_vocab_size_travels_from_the_recipe_and_the_baseline_drops_it():
-    r = parse_recipe({
-        "name": "dv", "target": {"model": "/m/target"},
-        "speculation": {"method": "draft_target", "draft": {"model": "/m/draft"}, "max_draft_len": 2,
-                        "draft_vocab_size": 32768},
-    })
-    spec = RuntimeSpec.from_recipe(r)
-    assert spec.draft_vocab_size == 32768
-    assert RuntimeSpec.from_json(spec.to_json()).draft_vocab_size == 32768
-    assert spec.baseline().draft_vocab_size is None
-    assert RuntimeSpec.from_recipe(_recipe()).draft_vocab_size is None  # default: the whole vocabulary
+    assert getattr(spec, field) == value
+    assert getattr(RuntimeSpec.from_json(spec.to_json()), field) == value
+    assert getattr(spec.baseline(), field) is None
+    assert getattr(RuntimeSpec.from_recipe(_recipe()), field) is None  # default: always speculate, whole vocabulary
