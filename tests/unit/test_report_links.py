@@ -129,8 +129,8 @@ def test_the_link_checker_sees_absolute_and_dangling_links(tmp_path):
 NOT_IN_REPO = {
     # the re-run overwrote /tmp/qwen-run/validate; the 2026-12-04/validate/ folder is the first run's
     "qwen-coder-cpu-run/2026-12-04/rerun-from-serve/report.md",
-    # tiny-cpu-demo-run/validate/ is an earlier run's (58a7bbf) than this report (8280995)
-    "tiny-cpu-demo-run/report.md",
+    # tiny-cpu-demo-run/2026-12-04/validate/ is an earlier run's (58a7bbf) than this report (8280995)
+    "tiny-cpu-demo-run/2026-12-04/report.md",
 }
 
 
