@@ -50,10 +50,8 @@ lint: $(STAMP)
 XDIST ?= -n 2 --dist loadfile
 # tiers: tests/unit (no trained models, no server), tests/engine (the trained tiny pair),
 # tests/serving (a real tritonserver), tests/pipeline (trtspec run end to end)
-# tests/unit first: while one worker trains the tiny pair (about 4 min, on both cores' threads) the
-# other runs the unit tests instead of waiting on the training's lock
 test: lint prometheus-tools
-	$(PYTHON) -m pytest -q --durations=20 --basetemp="$(CURDIR)/.pytest_tmp" $(XDIST) tests/unit tests/engine tests/serving tests/pipeline
+	$(PYTHON) -m pytest -q --durations=20 --basetemp="$(CURDIR)/.pytest_tmp" $(XDIST) --ignore=tests/thirdparty tests
 
 # tools trtspec did not write, against the served tiny pair: genai-perf 0.0.16 in its own venv
 # (.venv-perf, with tritonclient 2.51 and pandas<2.3; about 2 min to install). Not in `make test`:

@@ -127,10 +127,16 @@ class DraftModelProposer:
         self.catch_up_s, self.catch_up_tokens = 0.0, 0
         return out
 
-    def behind(self, slots: list[int], seqs: list[list[int]]) -> int:
-        """Committed tokens the draft would read in a catch-up pass before drafting for these rows."""
-        behind = (len(seq) - 1 - self.valid[s] for s, seq in zip(slots, seqs))
-        return sum(n for n in behind if n >= 2)  # 1 token is the batched feed's, not a catch-up
+    def behind(self, slots: list[int], seqs: list[list[int]], prompt_lens: list[int]) -> int:
+        """Generated tokens the draft skipped (plain steps) and would read in a catch-up pass before
+        drafting for these rows. A prompt not read yet does not count: every speculating request
+        reads it once, now or later, so it is no reason to wait; tokens of plain steps are read only
+        because drafting stopped, and a batch that flips back and forth pays them again and again."""
+        total = 0
+        for s, seq, p in zip(slots, seqs, prompt_lens):
+            if len(seq) - 1 - self.valid[s] >= 2:  # 1 token is the batched feed's, not a catch-up
+                total += max(0, len(seq) - 1 - max(self.valid[s], p))
+        return total
 
     def _catch_up(self, slots: list[int], seqs: list[list[int]]) -> None:
         """Each row more than 2 tokens behind reads ``seq[valid:-1]`` alone (a prompt, or the tokens of
