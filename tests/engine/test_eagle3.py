@@ -444,3 +444,123 @@ def test_shipped_eagle3_recipe_passes_check_with_a_head(repo_root, tiny_target, 
     status = {c.name: c.status for c in report.checks}
     assert report.ok, report.to_dict()
     assert status["eagle3_head"] == "ok" and status["model:head"] == "ok"
+
+
+# --------------------------------------------------------------------------------------------
+# real scale: features extracted once (cached, resumable) and a draft vocabulary (d2t/t2d)
+
+CUT = Eagle3Settings.real_scale(steps=10, feature_tokens=2048, seq_len=64, batch_size=4, draft_vocab_size=1024,
+                                target_dtype="float32", threads=1, eval_prompts=4, eval_new_tokens=8)
+
+
+@pytest.fixture(scope="module")
+def cut_head_dir(tiny_target, tmp_path_factory):
+    import os
+
+    cache = tmp_path_factory.mktemp("xdg")
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(cache)
+    try:
+        out = tmp_path_factory.mktemp("eagle3cut") / "head"
+        make_eagle3_head(tiny_target, out, CUT)
+        yield out
+    finally:
+        if old is None:
+            os.environ.pop("XDG_CACHE_HOME")
+        else:
+            os.environ["XDG_CACHE_HOME"] = old
+
+
+def test_cut_head_exports_d2t_the_way_eagle3_checkpoints_carry_it(cut_head_dir, target, tiny_target):
+    from safetensors.torch import load_file
+
+    from trtspec.speculative.vocab import frequent_vocab
+
+    cfg = json.loads((cut_head_dir / "config.json").read_text())
+    assert cfg["draft_vocab_size"] == 1024 and cfg["vocab_size"] == target.args.vocab_size == 4096
+    t = load_file(str(cut_head_dir / "model.safetensors"))
+    H = target.args.hidden_size
+    assert t["lm_head.weight"].shape == (1024, H) and t["d2t"].dtype == torch.int64 and t["d2t"].shape == (1024,)
+    ids = t["d2t"] + torch.arange(1024)  # TRT-LLM: target id = draft index + d2t[draft index]
+    assert torch.equal(ids, frequent_vocab(tiny_target, 1024, 4096).ids)  # the corpus's most frequent tokens
+    assert torch.all(ids[1:] > ids[:-1]) and int(ids.max()) < 4096
+    assert t["t2d"].dtype == torch.bool and int(t["t2d"].sum()) == 1024 and bool(t["t2d"][ids].all())
+    m = json.loads((cut_head_dir / "trtspec.json").read_text())
+    assert m["data"]["tokens"] == 2048 and m["data"]["draft_vocab_size"] == 1024 and 0 < m["data"]["draft_vocab_coverage"] < 1
+    assert len(m["step_accuracy"]) == CUT.ttt_steps + 1
+
+
+def test_cut_head_is_lossless_and_proposes_only_kept_tokens(cut_head_dir, target, corpus):
+    head = load_eagle3_head(cut_head_dir, target)
+    assert head.cfg.vocab_cut
+    kept = set(head.to_target(torch.arange(1024)).tolist())
+    prompts = mixed_prompts(corpus[1], 8)
+    greedy = Sampling(max_tokens=24, ignore_eos=True)
+    want = [g.token_ids for g in generate(target, None, prompts, greedy, k=0)]
+    prop = Eagle3Proposer(head, 4, 300)
+    seen: list[int] = []
+    orig = prop.propose
+
+    def spy(*a, **k):
+        out = orig(*a, **k)
+        seen.extend(out.tokens.flatten().tolist())
+        return out
+
+    prop.propose = spy
+    got = generate(target, prop, prompts, greedy, k=3)
+    assert [g.token_ids for g in got] == want
+    assert seen and set(seen) <= kept
+    assert sum(g.stats.accepted for g in got) > 0  # trained for seconds, it still gets some right
+    # sampled: q is a distribution over the target's vocabulary, zero outside the cut
+    prop = Eagle3Proposer(head, 1, 300)
+    seq = prompts[2] + [5]
+    prop.prefill(0, seq, full_features(target, head, seq[:-1]))
+    out = prop.propose([0], [seq], [3], [Sampling(temperature=0.8)], [torch.Generator().manual_seed(0)])
+    assert out.probs.shape == (1, 3, 4096) and torch.allclose(out.probs.sum(-1), torch.ones(1, 3))
+    outside = torch.ones(4096, dtype=torch.bool)
+    outside[sorted(kept)] = False
+    assert float(out.probs[..., outside].abs().max()) == 0.0 and set(out.tokens.flatten().tolist()) <= kept
+
+
+def test_feature_extraction_resumes_at_the_first_missing_shard(tiny_target, target, tmp_path, monkeypatch):
+    from trtspec.checkpoints.eagle3_data import FeatureSettings, extract_features, feature_dir, load_features
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    fs = FeatureSettings(tokens=1024, seq_len=64, windows_per_shard=4)
+    train, _ = corpus_ids(tiny_target, 16)
+    folder = feature_dir("t", (0, 2, 3), torch.float32, fs)
+    extract_features(target, train, (0, 2, 3), folder, fs, target_id="t")
+    assert sorted(p.name for p in folder.glob("shard_*")) == [f"shard_{i:05d}.safetensors" for i in range(4)]
+    first = load_features(folder, fs)
+    (folder / "shard_00002.safetensors").unlink()
+    stamps = {p.name: p.stat().st_mtime_ns for p in folder.glob("shard_*")}
+    calls: list[int] = []
+    extract_features(target, train, (0, 2, 3), folder, fs, target_id="t",
+                     progress=lambda ph, s, n, m: calls.append(s))
+    assert calls == [4]  # one shard computed (the 4th of 4 done), the others read from disk
+    assert all(p.stat().st_mtime_ns == stamps[p.name] for p in folder.glob("shard_*") if p.name in stamps)
+    again = load_features(folder, fs)
+    assert torch.equal(first.ids, again.ids) and torch.equal(first.feats, again.feats)
+    assert first.feats.shape == (16, 64, 3 * target.args.hidden_size) and first.top_ids.shape == (16, 64, 32)
+    # the label is the target's: its argmax is the top-1 id
+    with torch.inference_mode():
+        logits = target(first.ids[:2], None)
+    assert torch.equal(logits.argmax(-1), first.top_ids[:2, :, 0])
+    # a larger budget keeps the same first windows (it only adds shards)
+    bigger = FeatureSettings(tokens=2048, seq_len=64, windows_per_shard=4)
+    assert feature_dir("t", (0, 2, 3), torch.float32, bigger) == folder
+
+
+def test_scale_presets_and_their_errors(tiny_target, tmp_path):
+    from click.testing import CliRunner
+
+    from trtspec.checkpoints.eagle3 import eagle3_settings
+    from trtspec.cli import main
+
+    assert eagle3_settings(tiny_target).feature_tokens is None  # 10M parameters: the target in every step
+    real = eagle3_settings(tiny_target, "real")
+    assert real.feature_tokens and real.draft_vocab_size == 32768 and real.target_dtype == "bfloat16"
+    r = CliRunner().invoke(main, ["models", "eagle3", "--target", str(tiny_target), "--out", str(tmp_path / "h"),
+                                  "--scale", "tiny", "--draft-vocab-size", "1024"])
+    assert r.exit_code == 1 and "--draft-vocab-size 1024" in r.output and "--scale real" in r.output, r.output
+    assert not (tmp_path / "h").exists()

@@ -62,6 +62,23 @@ class Eagle3Settings:
     eval_prompts: int = 24
     eval_new_tokens: int = 48
     max_draft_len: int = 4
+    # real scale (a target too large to run inside every step): the teacher pass runs once over
+    # feature_tokens corpus tokens, cached on disk (trtspec.checkpoints.eagle3_data), and the head
+    # trains on those features in bf16 autocast. None: the target runs in each step (tiny targets).
+    feature_tokens: int | None = None
+    draft_vocab_size: int | None = None  # EAGLE-3's reduced vocabulary (d2t/t2d); None = the target's
+    target_dtype: str = "float32"
+
+    REAL_SCALE_PARAMS = 200_000_000  # targets above this train from extracted features by default
+
+    @classmethod
+    def real_scale(cls, trainer: str = "native", **overrides) -> "Eagle3Settings":
+        """The preset for a billion-parameter target on 2 cores: ~21 min of feature extraction
+        (131,072 tokens) and ~60 min of training (400 steps of 4 x 256 tokens, ~9 s each), a 32,768-token draft vocabulary."""
+        base = dict(trainer=trainer, steps=400, batch_size=4, seq_len=256, lr=1e-3, feature_tokens=131072,
+                    draft_vocab_size=32768, target_dtype="bfloat16", eval_prompts=8, eval_new_tokens=48,
+                    max_draft_len=3)
+        return cls(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
     @classmethod
     def for_trainer(cls, trainer: str = "native", **overrides) -> "Eagle3Settings":
@@ -73,6 +90,39 @@ class Eagle3Settings:
 
     def key(self, target_id: str) -> str:
         return hash_json({**asdict(self), "target": target_id})[:16]
+
+
+def target_params(target_dir: str | os.PathLike) -> int:
+    """Parameters in a checkpoint folder's safetensors (headers only: no weights read)."""
+    from safetensors import safe_open
+
+    n = 0
+    for f in sorted(pathlib.Path(target_dir).glob("*.safetensors")):
+        with safe_open(str(f), "pt") as fh:
+            for k in fh.keys():
+                n += math.prod(fh.get_slice(k).get_shape())
+    return n
+
+
+def eagle3_settings(target_dir: str | os.PathLike, scale: str = "auto", *, trainer: str = "native",
+                    **overrides) -> Eagle3Settings:
+    """Settings for ``trtspec models eagle3``: the tiny preset (the target in every step) or the
+    real-scale one (extracted features, a draft vocabulary), ``auto`` by the target's size."""
+    if scale not in ("auto", "tiny", "real"):
+        raise ModelError(f"scale {scale!r} is not known", fix="use auto, tiny or real")
+    if scale == "auto":
+        if not (pathlib.Path(target_dir) / "config.json").is_file():
+            raise ModelError(f"target model folder not found or has no config.json: {target_dir}",
+                             fix=missing_model_fix(str(target_dir)))
+        scale = "real" if target_params(target_dir) > Eagle3Settings.REAL_SCALE_PARAMS else "tiny"
+    if scale == "real":
+        return Eagle3Settings.real_scale(trainer, **overrides)
+    for name in ("feature_tokens", "draft_vocab_size"):
+        if overrides.get(name) is not None:
+            raise ModelError(f"--{name.replace('_', '-')} {overrides[name]}: extracted features and a draft vocabulary "
+                             "are the real-scale trainer's", fix="add --scale real (or leave the option out)")
+    return Eagle3Settings.for_trainer(trainer, **{k: v for k, v in overrides.items()
+                                                  if k not in ("feature_tokens", "draft_vocab_size")})
 
 
 @dataclass
@@ -121,7 +171,8 @@ def head_config_for(target: CausalLM, settings: Eagle3Settings, feature_norm: st
                          fix="pick layer indices of the target (decoder-layer outputs)")
     layer = replace(t, num_hidden_layers=1, intermediate_size=settings.intermediate_size or t.intermediate_size,
                     tie_word_embeddings=False, attention_bias=False)
-    return HeadConfig(layer, tuple(aux), feature_norm)
+    cut = settings.draft_vocab_size is not None and settings.draft_vocab_size < t.vocab_size
+    return HeadConfig(layer, tuple(aux), feature_norm, settings.draft_vocab_size if cut else None)
 
 
 def init_head(head: Eagle3Head, seed: int) -> None:
@@ -195,6 +246,87 @@ def train_native(target: CausalLM, settings: Eagle3Settings, train_ids: torch.Te
 
 
 # --------------------------------------------------------------------------------------------
+# native training from extracted features (real scale)
+
+
+def draft_index(head: Eagle3Head) -> torch.Tensor | None:
+    """Target id → draft index (-1 outside the draft vocabulary); None without a cut."""
+    if not head.cfg.vocab_cut:
+        return None
+    idx = torch.full((head.args.vocab_size,), -1, dtype=torch.long)
+    ids = head.to_target(torch.arange(head.cfg.draft_vocab_size, device=head.d2t.device)).cpu()
+    idx[ids] = torch.arange(ids.numel())
+    return idx
+
+
+def ttt_loss_topk(head: Eagle3Head, feats: torch.Tensor, x: torch.Tensor, top_ids: torch.Tensor,
+                  top_logits: torch.Tensor, to_draft: torch.Tensor | None, ttt_steps: int, decay: float):
+    """:func:`ttt_loss` with the target's label as its top-k next tokens (extracted features).
+
+    ``feats [B, T, n*H]`` target layer outputs, ``x [B, T]`` the window's tokens, ``top_ids`` /
+    ``top_logits [B, T, k]`` the target's most likely next tokens at each position. With a draft
+    vocabulary the label is the target's distribution restricted to it and renormalised, and a
+    position whose top-k has no kept token carries no loss (EAGLE-3's position mask).
+    """
+    p = top_logits.float().softmax(-1)  # [B, T, k]
+    idx = top_ids if to_draft is None else to_draft[top_ids]
+    inside = idx >= 0
+    p = p * inside
+    p = p / p.sum(-1, keepdim=True).clamp_min(1e-12)
+    idx = idx.clamp_min(0)
+    ids = x.roll(-1, 1)
+    feature = head.fc(feats.to(head.fc.weight.dtype))
+    past: list = []
+    total, accs = 0.0, []
+    for s in range(ttt_steps + 1):
+        g, kv = head.ttt_forward(feature, ids, past)
+        past.append(kv)
+        lg = head.logits(g[:, s:-1]).float().log_softmax(-1)  # [B, T-1-s, Vd]
+        m = inside[:, s + 1 :].any(-1).float()
+        nll = -(p[:, s + 1 :] * lg.gather(-1, idx[:, s + 1 :])).sum(-1)
+        total = total + decay**s * (nll * m).sum() / m.sum().clamp_min(1.0)
+        hit = (lg.argmax(-1) == idx[:, s + 1 :, 0]) & inside[:, s + 1 :, 0]  # the target's greedy token
+        accs.append(float(hit.float().sum() / inside[:, s + 1 :, 0].float().sum().clamp_min(1.0)))
+        feature = torch.cat([torch.zeros_like(g[:, :1]), g[:, :-1]], 1)
+    return total, accs
+
+
+def train_from_features(target: CausalLM, settings: Eagle3Settings, data, vocab,
+                        progress: Progress | None = None) -> tuple[Eagle3Head, float]:
+    """Train on a :class:`~trtspec.checkpoints.eagle3_data.FeatureSet` (fp32 weights, bf16 autocast:
+    the CPU's bf16 matmuls run ~3x fp32's here); ``vocab`` a DraftVocab or None."""
+    cfg = head_config_for(target, settings)
+    head = Eagle3Head(cfg, target.model.embed_tokens, target.lm_head).float()
+    init_head(head, settings.seed)
+    if vocab is not None:
+        head.set_vocab_(vocab.ids)
+    to_draft = draft_index(head)
+    opt = torch.optim.AdamW([q for q in head.parameters() if q.requires_grad], lr=settings.lr,
+                            betas=(0.9, 0.95), weight_decay=0.0)
+    gen = torch.Generator().manual_seed(settings.seed + 1)
+    head.train()
+    t0 = time.perf_counter()
+    order = torch.randperm(data.windows, generator=gen)
+    for step in range(settings.steps):
+        for grp in opt.param_groups:
+            grp["lr"] = _lr(step, settings.steps, settings.lr)
+        pick = order[(torch.arange(settings.batch_size) + step * settings.batch_size) % data.windows]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss, accs = ttt_loss_topk(head, data.feats[pick].float(), data.ids[pick], data.top_ids[pick],
+                                       data.top_logits[pick], to_draft, settings.ttt_steps, settings.loss_decay)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if progress:
+            el = time.perf_counter() - t0
+            progress("eagle3", step + 1, settings.steps,
+                     {"loss": float(loss.detach()), "acc": accs, "eta_s": el / (step + 1) * (settings.steps - step - 1)})
+    head.eval()
+    return head, time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------------------------
 # ModelOpt training
 
 
@@ -259,7 +391,17 @@ def train_modelopt(target_dir: pathlib.Path, target: CausalLM, settings: Eagle3S
 
 @torch.inference_mode()
 def step_accuracy(head: Eagle3Head, target: CausalLM, windows: torch.Tensor, ttt_steps: int) -> list[float]:
-    """Teacher-forced top-1 agreement with the target at draft steps 1..ttt_steps+1."""
+    """Teacher-forced top-1 agreement with the target at draft steps 1..ttt_steps+1 (for a cut
+    head: among positions whose target token is inside its vocabulary)."""
+    if head.cfg.vocab_cut:
+        accs: list[list[float]] = []
+        for w in windows.split(2):  # a 1.5B target: two windows at a time
+            logits, hidden, _ = target(w, None, hidden_layers=head.aux_layers)
+            top = logits.float().topk(32, -1)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=w.device.type == "cpu"):
+                accs.append(ttt_loss_topk(head, torch.cat(hidden, -1), w, top.indices, top.values, draft_index(head),
+                                          ttt_steps, 1.0)[1])
+        return [round(sum(a) / len(a), 4) for a in zip(*accs)]
     _, accs = ttt_loss(head, target, windows, ttt_steps, 1.0)
     return [round(a, 4) for a in accs]
 
@@ -298,6 +440,30 @@ def measure_acceptance(target: CausalLM, head: Eagle3Head, prompts: list[list[in
 # the command
 
 
+def _train_real_scale(tdir: pathlib.Path, target: CausalLM, target_id: str, settings: Eagle3Settings,
+                      train_ids: torch.Tensor, progress: Progress | None):
+    """Extract (or reuse) the target's features, count the draft vocabulary, train on the features."""
+    from trtspec.checkpoints.eagle3_data import FeatureSettings, extract_features, feature_dir, load_features
+    from trtspec.speculative.vocab import frequent_vocab
+
+    cfg = head_config_for(target, settings)
+    fs = FeatureSettings(tokens=settings.feature_tokens, seq_len=settings.seq_len, seed=settings.seed)
+    folder = feature_dir(target_id, cfg.aux_layers, target.model.embed_tokens.weight.dtype, fs)
+    t0 = time.perf_counter()
+    extract_features(target, train_ids, cfg.aux_layers, folder, fs, target_id=target_id, progress=progress)
+    extract_s = time.perf_counter() - t0
+    data = load_features(folder, fs)
+    vocab = None
+    if cfg.vocab_cut:
+        vocab = frequent_vocab(tdir, settings.draft_vocab_size, target.args.vocab_size, cfg=read_hf_config(tdir))
+    head, train_s = train_from_features(target, settings, data, vocab, progress)
+    info = {"features": str(folder), "windows": data.windows, "tokens": data.windows * settings.seq_len,
+            "bytes": data.nbytes, "extract_s_this_run": round(extract_s, 1),
+            "draft_vocab_size": settings.draft_vocab_size,
+            "draft_vocab_coverage": None if vocab is None else round(vocab.coverage, 4)}
+    return head, train_s, info
+
+
 def make_eagle3_head(
     target_dir: str | os.PathLike,
     out_dir: str | os.PathLike,
@@ -323,19 +489,27 @@ def make_eagle3_head(
                             have["acceptance"]["acceptance_length"], have["acceptance"]["acceptance_rate"],
                             have["step_accuracy"], cached=True)
 
+    if settings.feature_tokens is not None and settings.trainer != "native":
+        raise ModelError(f"feature_tokens {settings.feature_tokens}: training from extracted features is the native "
+                         f"trainer's (got trainer {settings.trainer!r})", fix="use --trainer native")
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed)
     try:
-        target = load_causal_lm(tdir, dtype=torch.float32)
+        target = load_causal_lm(tdir, dtype=getattr(torch, settings.target_dtype))
         for p in target.parameters():
             p.requires_grad_(False)
         head_config_for(target, settings)  # bad aux_layers fail before seconds of tokenizing
         t0 = time.perf_counter()
         train_ids, held_ids = corpus_ids(tdir, settings.heldout_every)
         data_s = time.perf_counter() - t0
+        data_info: dict = {}
         with atomic_dir(out) as tmp:
-            if settings.trainer == "native":
+            if settings.feature_tokens is not None:
+                head, train_s, data_info = _train_real_scale(tdir, target, target_id, settings, train_ids, progress)
+                feature_norm = "standard"
+                save_head(head.to(getattr(torch, settings.target_dtype)), tmp, target_cfg=read_hf_config(tdir))
+            elif settings.trainer == "native":
                 head, train_s = train_native(target, settings, train_ids, progress)
                 feature_norm = "standard"
                 save_head(head, tmp, target_cfg=read_hf_config(tdir))
@@ -361,6 +535,7 @@ def make_eagle3_head(
                 params=count_params(head),
                 train_s=round(train_s, 1),
                 data_s=round(data_s, 1),
+                data=data_info or None,
                 step_accuracy=accs,
                 step_accuracy_definition="teacher-forced top-1 agreement with the target on held-out windows, "
                                          "draft step 1..ttt_steps+1",

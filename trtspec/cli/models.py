@@ -6,7 +6,7 @@ import json
 
 import click
 
-from trtspec.checkpoints.eagle3 import Eagle3Settings, make_eagle3_head
+from trtspec.checkpoints.eagle3 import eagle3_settings, make_eagle3_head
 from trtspec.checkpoints import qwen
 from trtspec.checkpoints.tiny import TinySettings, make_tiny_models
 from trtspec.cli.common import StepProgress, err, handle_errors, out
@@ -15,8 +15,11 @@ from trtspec.cli.common import StepProgress, err, handle_errors, out
 def _training_progress(prog: StepProgress):
     """The trainers' ``(phase, step, total, metrics)`` callback drawn as one bar per phase (loss shown)."""
     def progress(phase: str, step: int, total: int, metrics: dict) -> None:
-        label = phase if phase in ("tokenizer", "evaluate") else f"train {phase}"
-        prog.update(label, step, total, note=f"loss {metrics['loss']:.3f}" if "loss" in metrics else "")
+        label = phase if phase in ("tokenizer", "evaluate", "features") else f"train {phase}"
+        note = f"loss {metrics['loss']:.3f}" if "loss" in metrics else ""
+        if "tok_s" in metrics:
+            note = f"{metrics['tok_s']:.0f} tokens/s"
+        prog.update(label, step, total, note=note)
     return progress
 
 
@@ -99,18 +102,28 @@ def models_qwen(out_dir: str, dtype: str, cache_dir: str | None, force: bool, as
 @click.option("--seed", default=0, show_default=True, type=int)
 @click.option("--threads", default=2, show_default=True, type=click.IntRange(1),
               help="torch CPU threads (part of the cache key: results differ in the last bits).")
+@click.option("--scale", type=click.Choice(["auto", "tiny", "real"]), default="auto", show_default=True,
+              help="real: extract the target's features once (cached, resumable) and train on them, with a draft "
+                   "vocabulary; tiny: run the target in every step; auto: real above 200M target parameters.")
+@click.option("--feature-tokens", type=click.IntRange(256), default=None,
+              help="Corpus tokens to extract features for (real scale) [default: 131072, ~21 min for a 1.5B target].")
+@click.option("--draft-vocab-size", type=click.IntRange(64), default=None,
+              help="EAGLE-3 draft vocabulary (the most frequent corpus tokens; d2t/t2d) [default: 32768 at real scale, "
+                   "the target's at tiny].")
 @click.option("--force", is_flag=True, help="Retrain even if a cached head with the same settings exists.")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def models_eagle3(target_dir: str, out_dir: str, steps: int | None, trainer: str, seed: int, threads: int,
-                  force: bool, as_json: bool) -> None:
+                  scale: str, feature_tokens: int | None, draft_vocab_size: int | None, force: bool,
+                  as_json: bool) -> None:
     """Train an EAGLE-3 head for a target and export it in ModelOpt's layout.
 
     The folder (LlamaForCausalLMEagle3: fc, layers.0.*, norm, lm_head) is what the torch runtime
     loads (--method eagle3 --head DIR) and what TRT-LLM's PyTorch flow takes as speculative_model.
     Prints teacher-forced accuracy per draft step and the acceptance length on held-out prompts.
     """
-    settings = Eagle3Settings.for_trainer(trainer, seed=seed, steps=steps, threads=threads)
+    settings = eagle3_settings(target_dir, scale, trainer=trainer, seed=seed, steps=steps, threads=threads,
+                               feature_tokens=feature_tokens, draft_vocab_size=draft_vocab_size)
     with StepProgress() as prog:
         res = make_eagle3_head(target_dir, out_dir, settings, force=force, progress=_training_progress(prog))
     summary = {"head": str(res.head_dir), "trainer": res.trainer, "params": res.params, "train_s": round(res.train_s, 1),

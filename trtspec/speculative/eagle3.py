@@ -69,6 +69,11 @@ class HeadConfig:
     layer: ModelArgs  # the head's decoder layer (hidden_size = the target's)
     aux_layers: tuple[int, ...]
     feature_norm: str = "standard"
+    draft_vocab_size: int | None = None  # None/= vocab: the target's LM head; below: an own head + d2t
+
+    @property
+    def vocab_cut(self) -> bool:
+        return self.draft_vocab_size is not None and self.draft_vocab_size < self.layer.vocab_size
 
     def to_hf_config(self, *, target_cfg: dict | None = None, dtype: str = "float32") -> dict:
         """The config ModelOpt's exporter writes (its llama template) for this head."""
@@ -92,7 +97,7 @@ class HeadConfig:
             "torch_dtype": dtype,
             "use_cache": True,
             "vocab_size": a.vocab_size,
-            "draft_vocab_size": a.vocab_size,
+            "draft_vocab_size": self.draft_vocab_size or a.vocab_size,
             "rope_scaling": None,
             "attention_bias": False,
             "attention_dropout": 0.0,
@@ -134,10 +139,9 @@ class HeadConfig:
             raise ModelError(f"{where}: eagle_config.use_last_layernorm is false; the head needs norm.weight",
                              fix="export with use_last_layernorm: true")
         draft_vocab = cfg.get("draft_vocab_size") or cfg["vocab_size"]
-        if draft_vocab != cfg["vocab_size"]:
-            raise ModelError(f"{where}: draft_vocab_size {draft_vocab} != vocab_size {cfg['vocab_size']} (a d2t-mapped "
-                             "head); the torch runtime drafts over the full vocabulary",
-                             fix="train the head with the full target vocabulary")
+        if not 0 < draft_vocab <= cfg["vocab_size"]:
+            raise ModelError(f"{where}: draft_vocab_size {draft_vocab} is not in 1..vocab_size ({cfg['vocab_size']})",
+                             fix="export the head again (draft_vocab_size = the rows of its lm_head)")
         rope = cfg.get("rope_scaling") or {}
         if rope and rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ModelError(
@@ -163,7 +167,8 @@ class HeadConfig:
             bos_token_id=cfg.get("bos_token_id"),
             eos_token_id=cfg.get("eos_token_id"),
         )
-        return cls(layer, tuple(int(i) for i in ids), feature_norm)
+        return cls(layer, tuple(int(i) for i in ids), feature_norm,
+                   draft_vocab if draft_vocab < cfg["vocab_size"] else None)
 
 
 class Eagle3Layer(nn.Module):
@@ -202,8 +207,11 @@ def rope_tables(n: int, head_dim: int, theta: float, device, dtype) -> tuple[tor
 class Eagle3Head(nn.Module):
     """fc + one decoder layer + final norm. Parameter names are the export's tensor names.
 
-    ``embed`` and ``lm_head`` are the target's (not parameters of the head): EAGLE-3 shares
-    them, and sharing keeps a Qwen-size head from carrying a second 150k-row LM head.
+    ``embed`` is the target's (not a parameter of the head). The LM head is the target's too,
+    unless the head drafts over a draft vocabulary (``cfg.draft_vocab_size``, EAGLE-3's reduced
+    vocabulary): then it owns ``lm_head`` (``draft_vocab_size`` rows, trained) and ``d2t``, the
+    offsets from a draft index to its target id (``t2d`` marks the kept target ids), named and
+    laid out as EAGLE-3 checkpoints and TRT-LLM's ``Eagle3`` draft model carry them.
     """
 
     def __init__(self, cfg: HeadConfig, embed: nn.Embedding, lm_head: nn.Linear):
@@ -214,6 +222,10 @@ class Eagle3Head(nn.Module):
         self.layers = nn.ModuleList([Eagle3Layer(a, cfg.feature_norm)])
         self.norm = RMSNorm(a.hidden_size, a.rms_norm_eps)
         self._shared = (embed, lm_head)  # a tuple: not registered as submodules
+        if cfg.vocab_cut:
+            self.lm_head = nn.Linear(a.hidden_size, cfg.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+            self.register_buffer("t2d", torch.zeros(a.vocab_size, dtype=torch.bool))
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._draft_lm_head: Int8Linear | None = None  # see quantize_weight_only_
 
@@ -225,9 +237,28 @@ class Eagle3Head(nn.Module):
         return self._shared[0](ids)
 
     def logits(self, g: torch.Tensor) -> torch.Tensor:
+        """Draft logits ``[.., draft_vocab_size]`` (index ``i`` is target id ``to_target(i)``)."""
         if self._draft_lm_head is not None:
             return self._draft_lm_head.forward(self.norm(g))
-        return self._shared[1](self.norm(g))
+        return (self.lm_head if self.cfg.vocab_cut else self._shared[1])(self.norm(g))
+
+    def to_target(self, idx: torch.Tensor) -> torch.Tensor:
+        """Draft indices → target ids (EAGLE-3's d2t offsets); the identity without a cut."""
+        return idx + self.d2t[idx] if self.cfg.vocab_cut else idx
+
+    def set_vocab_(self, target_ids: torch.Tensor) -> "Eagle3Head":
+        """Cut the head to ``target_ids`` (ascending): its own LM head starts from the target's rows."""
+        if not self.cfg.vocab_cut or target_ids.numel() != self.cfg.draft_vocab_size:
+            raise ModelError(f"set_vocab_: {target_ids.numel()} ids for a head of draft_vocab_size "
+                             f"{self.cfg.draft_vocab_size}", fix="build the head config with that draft_vocab_size")
+        ids = target_ids.to(self.d2t.device, torch.long)
+        with torch.no_grad():
+            self.d2t.copy_(ids - torch.arange(ids.numel(), device=ids.device))
+            self.t2d.zero_()
+            self.t2d[ids] = True
+            w = self._shared[1].weight
+            self.lm_head.weight.copy_(w.detach()[ids.to(w.device)].to(self.lm_head.weight.dtype))
+        return self
 
     @torch.no_grad()
     def quantize_weight_only_(self) -> "Eagle3Head":
@@ -244,7 +275,7 @@ class Eagle3Head(nn.Module):
                              fix="set runtime.draft_weight_only: none, or use the unquantized head")
         quantize_layer_weight_only_(at, mlp)
         self.fc = Int8Linear(self.fc.weight, None)
-        self._draft_lm_head = Int8Linear(self._shared[1].weight, None)
+        self._draft_lm_head = Int8Linear((self.lm_head if self.cfg.vocab_cut else self._shared[1]).weight, None)
         return self
 
     def cos_sin(self, n: int, device, dtype):
@@ -334,7 +365,8 @@ def head_state_dict(head: Eagle3Head) -> dict[str, torch.Tensor]:
     """The export's tensors: the head's own plus ``lm_head.weight`` (copied from the target,
     as ModelOpt writes it; TRT-LLM then uses it instead of the target's)."""
     sd = {k: v.detach().contiguous() for k, v in head.state_dict().items()}
-    sd["lm_head.weight"] = head._shared[1].weight.detach().contiguous()
+    if not head.cfg.vocab_cut:  # a cut head's own lm_head, d2t and t2d are in its state already
+        sd["lm_head.weight"] = head._shared[1].weight.detach().contiguous()
     return sd
 
 
@@ -389,7 +421,24 @@ def load_eagle3_head(
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
-    lm = state.pop("lm_head.weight", None)
+    if cfg.vocab_cut:
+        lm = state.get("lm_head.weight")
+        d2t = state.get("d2t")
+        if lm is None or d2t is None or lm.shape[0] != cfg.draft_vocab_size or d2t.numel() != cfg.draft_vocab_size:
+            raise ModelError(f"{folder}: draft_vocab_size {cfg.draft_vocab_size} needs lm_head.weight and d2t with that "
+                             f"many rows (got {None if lm is None else tuple(lm.shape)}, "
+                             f"{None if d2t is None else tuple(d2t.shape)})", fix="export the head again")
+        ids = d2t.long() + torch.arange(d2t.numel())
+        if int(ids.min()) < 0 or int(ids.max()) >= t.vocab_size:
+            raise ModelError(f"{folder}: d2t maps draft indices outside the target's vocabulary 0..{t.vocab_size - 1}",
+                             fix="train the head on this target (trtspec models eagle3)")
+        state["d2t"] = d2t.long()
+        t2d = torch.zeros(t.vocab_size, dtype=torch.bool)
+        t2d[ids] = True
+        state["t2d"] = t2d  # derived (TRT-LLM's loader skips it; heads exported without it load too)
+        lm = None
+    else:
+        lm = state.pop("lm_head.weight", None)
     if lm is not None:
         # a copy of the target's LM head (ModelOpt writes one): a cheap "made for this target"
         # check, tolerant of dtype rounding (bf16 export of an fp32 target and the reverse)
@@ -433,6 +482,7 @@ class Eagle3Proposer:
         self.valid = [0] * max_slots
         self.pending: list[torch.Tensor | None] = [None] * max_slots
         self.device = head.norm.weight.device
+        self._all = torch.arange(head.cfg.draft_vocab_size or head.args.vocab_size, device=self.device)
 
     @torch.inference_mode()
     def prefill(self, slot, seq, target_hidden=None):
@@ -475,15 +525,18 @@ class Eagle3Proposer:
     @torch.inference_mode()
     def propose(self, slots, seqs, ks, params, generators):
         B, K = len(slots), max(ks)
+        head = self.head
         g = self._feed(slots, seqs)
         greedy = all(p.greedy for p in params)
         tokens, probs = [], []
         for i in range(K):
             logits = self.head.logits(g)  # [B, V]
             if greedy:
-                x = greedy_token(logits)
+                x = head.to_target(greedy_token(logits))
             else:
-                q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, V]
+                q = torch.stack([logits_to_probs(logits[b], params[b]) for b in range(B)])  # [B, Vd]
+                if head.cfg.vocab_cut:  # q over the target's vocabulary: zero outside the cut
+                    q = q.new_zeros(B, head.args.vocab_size).index_copy_(1, head.to_target(self._all), q)
                 x = torch.stack([sample(q[b], generators[b]) for b in range(B)])
                 probs.append(q)
             tokens.append(x)
