@@ -51,6 +51,7 @@ REPO = pathlib.Path(__file__).resolve().parent.parent
 LLAMA_CPP_PYTHON = "0.3.36"  # its sdist's vendor/llama.cpp is what gets built
 LLAMA_TOOLS = ("llama-completion", "llama-speculative-simple", "llama-lookup")
 TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+EAGLE3 = "qwen2.5-coder-1.5b-instruct-eagle3"  # trtspec models eagle3 --target models/qwen2.5-coder-1.5b-instruct
 
 
 # ------------------------------------------------------------------------------------------
@@ -191,6 +192,11 @@ def main() -> int:
                     help="drafts for trtspec: int8 (the bf16 checkpoint on INT8 weights: runtime.draft_weight_only) "
                     "and ModelOpt weight-only exports (FMT+int8_head: the LM head in INT8 too); FMT@N: a draft "
                     "vocabulary of the N most frequent tokens (speculation.draft_vocab_size)")
+    ap.add_argument("--eagle3-heads", default=f"{REPO / 'models' / EAGLE3},{REPO / 'models' / EAGLE3}+int8",
+                    help="EAGLE-3 head folders for the target (`trtspec models eagle3`), comma-separated; HEAD+int8: "
+                         "on INT8 weights (runtime.draft_weight_only: int8); missing folders are skipped [default: "
+                         f"models/{EAGLE3}, both ways]")
+    ap.add_argument("--eagle3-draft-len", type=int, default=3)
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-served", action="store_true")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -204,6 +210,7 @@ def main() -> int:
     from trtspec.speculative.model import load_causal_lm, read_hf_config
     from trtspec.speculative.vocab import frequent_vocab
     from trtspec.speculative.proposers import DraftModelProposer
+    from trtspec.speculative.eagle3 import Eagle3Proposer, load_eagle3_head
     from trtspec.speculative.runtime import load_model
     from trtspec.sampling import Sampling
     from trtspec.speculative.stats import Aggregate
@@ -253,18 +260,34 @@ def main() -> int:
             print(f"draft vocabulary {dfmt}: {vocab.size} tokens, {vocab.coverage:.4f} of the held-out corpus's "
                   "tokens", flush=True)
         drafts[dfmt] = (folder, draft, vocab)
+    heads: list[tuple[pathlib.Path, bool]] = []  # (folder, INT8)
+    for h in (x.strip() for x in args.eagle3_heads.split(",") if x.strip()):
+        folder, int8 = pathlib.Path(h.removesuffix("+int8")), h.endswith("+int8")
+        if not folder.is_dir():
+            print(f"EAGLE-3 head {folder} not found: its rows are skipped (trtspec models eagle3 --target "
+                  f"{models / TARGET} --out {folder})", flush=True)
+            continue
+        heads.append((folder, int8))
     greedy = Sampling(max_tokens=n, ignore_eos=True)
-    max_len = max(len(p) for p in prompts) + n + k + 8
+    ke = args.eagle3_draft_len
+    max_len = max(len(p) for p in prompts) + n + max(k, ke) + 8
 
-    def ours(fmt: str, dfmt: str | None):
+    def ours(fmt: str, dfmt: str | None, head: tuple[pathlib.Path, bool] | None = None):
         target = targets[fmt][1]
-        speculative = dfmt is not None
+        speculative = dfmt is not None or head is not None
+        eagle = None
+        if head is not None:  # loaded once per target: the head's INT8 copy is made here, not per run
+            eagle = load_eagle3_head(head[0], target, dtype=torch.bfloat16)
+            if head[1]:
+                eagle.quantize_weight_only_()
 
         def run():
             proposer = None
-            if speculative:
+            if eagle is not None:
+                proposer = Eagle3Proposer(eagle, 1, max_len + ke + 2)
+            elif speculative:
                 proposer = DraftModelProposer(drafts[dfmt][1], k, max_len, vocab=drafts[dfmt][2])
-            eng = Engine(target, proposer, max_draft_len=k,
+            eng = Engine(target, proposer, max_draft_len=ke if eagle is not None else k,
                          max_batch_size=1, max_seq_len=max_len)
             outs, toks, secs, agg = [], 0, 0.0, Aggregate()
             for p in prompts:
@@ -299,6 +322,10 @@ def main() -> int:
         for dfmt in dformats:
             name = f"trtspec draft-target ({dlabel.get(dfmt, dfmt)} draft, K={k}), target {label.get(fmt, fmt)}"
             configs[name], what[name] = ours(fmt, dfmt), (fmt, dfmt)
+        for head in heads:
+            name = (f"trtspec EAGLE-3 ({head[0].name}{', INT8' if head[1] else ''} head, K={ke}), "
+                    f"target {label.get(fmt, fmt)}")
+            configs[name], what[name] = ours(fmt, None, head), (fmt, None)
 
     pressure = [cache_pressure(targets[formats[0]][1], k)["pressure"]]
     runs: dict[str, list[dict]] = {c: [] for c in configs}
@@ -316,7 +343,7 @@ def main() -> int:
         row = {"config": name, "tok_s_best": round(best["tok_s"], 2),
                "tok_s_median": round(statistics.median(r["tok_s"] for r in rs), 2),
                "acceptance_rate": None if best.get("acceptance_rate") is None else round(best["acceptance_rate"], 3)}
-        if name.startswith("trtspec draft-target"):
+        if name.startswith(("trtspec draft-target", "trtspec EAGLE-3")):
             fmt = what[name][0]
             plain = runs[f"trtspec plain, target {label.get(fmt, fmt)}"][0]["outputs"]
             row["identical_to_plain"] = f"{sum(a == b for a, b in zip(best['outputs'], plain))}/{len(plain)}"

@@ -238,7 +238,8 @@ class Eagle(Strict):
 
 class Eagle3(_SwitchesOff):
     """EAGLE-3 head: features from the target's low/mid/high hidden states + token embeddings,
-    one decoder layer, the target's LM head. Torch runtime and TRT-LLM PyTorch flow."""
+    one decoder layer, the target's LM head or its own over a draft vocabulary (the head's
+    ``draft_vocab_size`` and ``d2t``). Torch runtime and TRT-LLM PyTorch flow."""
 
     method: Literal["eagle3"]
     runtimes: ClassVar[tuple[str, ...]] = ("torch", "trtllm-pytorch")

@@ -29,6 +29,13 @@ EAGLE3 = "trtspec models eagle3"
 EAGLE3_DEFAULTS = (f"{MODELS_OUT}/{TINY_TARGET}", f"{MODELS_OUT}/{TINY_EAGLE3}")  # its --target, --out
 
 
+def eagle3_out(target: str | os.PathLike) -> str:
+    """``trtspec models eagle3``'s default ``--out`` for a target: beside it, ``<target>-eagle3``
+    (``tiny-eagle3`` for the tiny target)."""
+    t = pathlib.Path(target)
+    return str(t.parent / (TINY_EAGLE3 if t.name == TINY_TARGET else f"{t.name}-eagle3"))
+
+
 def _shown(path: pathlib.Path, cwd: pathlib.Path) -> str:
     """``path`` as the user would type it from ``cwd``: relative below it, else absolute."""
     path, cwd = pathlib.Path(os.path.abspath(path)), pathlib.Path(os.path.abspath(cwd))
@@ -51,7 +58,8 @@ def eagle3_command(target: str | os.PathLike, head: str | os.PathLike, cwd: str 
     cwd = pathlib.Path(cwd or os.getcwd())
     t, h = _shown(pathlib.Path(target), cwd), _shown(pathlib.Path(head), cwd)
     opts = "".join(f" {flag} {v}" for flag, v, default in (("--target", t, EAGLE3_DEFAULTS[0]),
-                                                            ("--out", h, EAGLE3_DEFAULTS[1])) if v != default)
+                                                            ("--out", h, _shown(pathlib.Path(eagle3_out(target)), cwd)))
+                   if v != default)
     return EAGLE3 + opts
 
 

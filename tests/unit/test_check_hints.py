@@ -23,6 +23,9 @@ SHIPPED = sorted((REPO / "build_configs").glob("*.yaml"))
 # what each shipped recipe's missing models are fixed by: (role, a phrase the fix must hold)
 WANT = {
     "qwen-coder-cpu": {"target": "run `trtspec models qwen`", "draft": "run `trtspec models qwen`"},
+    "qwen-coder-cpu-eagle3": {"target": "run `trtspec models qwen`",
+                              "head": "run `trtspec models qwen`, then `trtspec models eagle3 --target "
+                                      "models/qwen2.5-coder-1.5b-instruct`"},
     "tiny-cpu-draft-target": {"target": "run `trtspec models tiny`", "draft": "run `trtspec models tiny`"},
     "tiny-cpu-ngram": {"target": "run `trtspec models tiny`"},
     "tiny-cpu-eagle3": {"target": "run `trtspec models tiny`",
@@ -100,7 +103,9 @@ def test_the_makers_write_the_folders_the_fixes_name():
     from trtspec.cli.models import models_eagle3, models_qwen, models_tiny
 
     defaults = {p.name: p.default for p in models_eagle3.params}
-    assert (defaults["target_dir"], defaults["out_dir"]) == model_makers.EAGLE3_DEFAULTS
+    assert defaults["target_dir"] == model_makers.EAGLE3_DEFAULTS[0] and defaults["out_dir"] is None  # → eagle3_out
+    assert model_makers.eagle3_out(model_makers.EAGLE3_DEFAULTS[0]) == model_makers.EAGLE3_DEFAULTS[1]
+    assert model_makers.eagle3_out("models/qwen2.5-coder-1.5b-instruct") == "models/qwen2.5-coder-1.5b-instruct-eagle3"
     assert {p.name: p.default for p in models_tiny.params}["out_dir"] == model_makers.MODELS_OUT
     assert {p.name: p.default for p in models_qwen.params}["out_dir"] == model_makers.MODELS_OUT
 

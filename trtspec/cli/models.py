@@ -9,6 +9,7 @@ import click
 from trtspec.checkpoints.eagle3 import eagle3_settings, make_eagle3_head
 from trtspec.checkpoints import qwen
 from trtspec.checkpoints.tiny import TinySettings, make_tiny_models
+from trtspec.model_makers import eagle3_out
 from trtspec.cli.common import StepProgress, err, handle_errors, out
 
 
@@ -95,7 +96,8 @@ def models_qwen(out_dir: str, dtype: str, cache_dir: str | None, force: bool, as
 @models.command("eagle3")
 @click.option("--target", "target_dir", default="models/tiny-target", show_default=True,
               type=click.Path(file_okay=False), help="Target HF checkpoint the head drafts for.")
-@click.option("--out", "out_dir", default="models/tiny-eagle3", show_default=True, type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", default=None, type=click.Path(file_okay=False),
+              help="Head folder [default: beside the target, TARGET-eagle3; models/tiny-eagle3 for the tiny target].")
 @click.option("--steps", default=None, type=click.IntRange(1), help="Training steps [default: the trainer's].")
 @click.option("--trainer", type=click.Choice(["native", "modelopt"]), default="native", show_default=True,
               help="native: trtspec's trainer (fast on CPU); modelopt: modelopt.torch.speculative (slow on CPU).")
@@ -122,6 +124,7 @@ def models_eagle3(target_dir: str, out_dir: str, steps: int | None, trainer: str
     loads (--method eagle3 --head DIR) and what TRT-LLM's PyTorch flow takes as speculative_model.
     Prints teacher-forced accuracy per draft step and the acceptance length on held-out prompts.
     """
+    out_dir = out_dir or eagle3_out(target_dir)
     settings = eagle3_settings(target_dir, scale, trainer=trainer, seed=seed, steps=steps, threads=threads,
                                feature_tokens=feature_tokens, draft_vocab_size=draft_vocab_size)
     with StepProgress() as prog:
