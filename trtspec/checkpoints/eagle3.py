@@ -39,6 +39,7 @@ from trtspec.checkpoints.tiny import encode_corpus
 from trtspec.corpus import corpus_split
 from trtspec.speculative.eagle3 import Eagle3Proposer
 from trtspec.speculative.engine import Engine
+from trtspec.speculative.stats import Aggregate
 from trtspec.sampling import Sampling
 
 TRAINERS = ("native", "modelopt")
@@ -421,6 +422,9 @@ def measure_acceptance(target: CausalLM, head: Eagle3Head, prompts: list[list[in
     prop = Eagle3Proposer(head, 8, max_seq + max_draft_len + 2)
     eng = Engine(target, prop, max_draft_len=max_draft_len, max_batch_size=8, max_seq_len=max_seq)
     gens = eng.generate(prompts, Sampling(max_tokens=max_new_tokens, ignore_eos=True))
+    agg = Aggregate()
+    for g in gens:
+        agg.add(g.stats)
     drafted = sum(g.stats.drafted for g in gens)
     accepted = sum(g.stats.accepted for g in gens)
     steps = sum(g.stats.steps for g in gens)
@@ -433,6 +437,7 @@ def measure_acceptance(target: CausalLM, head: Eagle3Head, prompts: list[list[in
         "target_passes": steps,
         "acceptance_rate": round(accepted / drafted, 4) if drafted else 0.0,
         "acceptance_length": round((accepted + steps) / steps, 4) if steps else 0.0,
+        "per_position_acceptance": [round(x, 4) for x in agg.per_position_acceptance()],
     }
 
 

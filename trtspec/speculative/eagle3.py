@@ -210,8 +210,9 @@ class Eagle3Head(nn.Module):
     ``embed`` is the target's (not a parameter of the head). The LM head is the target's too,
     unless the head drafts over a draft vocabulary (``cfg.draft_vocab_size``, EAGLE-3's reduced
     vocabulary): then it owns ``lm_head`` (``draft_vocab_size`` rows, trained) and ``d2t``, the
-    offsets from a draft index to its target id (``t2d`` marks the kept target ids), named and
-    laid out as EAGLE-3 checkpoints and TRT-LLM's ``Eagle3`` draft model carry them.
+    int64 offsets from a draft index to its target id, named and laid out as ModelOpt's
+    ``export_speculative_decoding`` writes them and TRT-LLM's ``Eagle3`` draft model loads them;
+    ``t2d`` (the kept target ids as a mask, which SpecForge checkpoints also carry) is derived.
     """
 
     def __init__(self, cfg: HeadConfig, embed: nn.Embedding, lm_head: nn.Linear):
@@ -225,7 +226,8 @@ class Eagle3Head(nn.Module):
         if cfg.vocab_cut:
             self.lm_head = nn.Linear(a.hidden_size, cfg.draft_vocab_size, bias=False)
             self.register_buffer("d2t", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-            self.register_buffer("t2d", torch.zeros(a.vocab_size, dtype=torch.bool))
+            # derived from d2t, not exported: ModelOpt's export (and so TRT-LLM's loader) carries d2t only
+            self.register_buffer("t2d", torch.zeros(a.vocab_size, dtype=torch.bool), persistent=False)
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._draft_lm_head: Int8Linear | None = None  # see quantize_weight_only_
 
@@ -433,9 +435,7 @@ def load_eagle3_head(
             raise ModelError(f"{folder}: d2t maps draft indices outside the target's vocabulary 0..{t.vocab_size - 1}",
                              fix="train the head on this target (trtspec models eagle3)")
         state["d2t"] = d2t.long()
-        t2d = torch.zeros(t.vocab_size, dtype=torch.bool)
-        t2d[ids] = True
-        state["t2d"] = t2d  # derived (TRT-LLM's loader skips it; heads exported without it load too)
+        state.pop("t2d", None)  # SpecForge-style heads carry the mask too; it is derived from d2t here
         lm = None
     else:
         lm = state.pop("lm_head.weight", None)
@@ -452,6 +452,8 @@ def load_eagle3_head(
     device = device or target.model.embed_tokens.weight.device
     head = Eagle3Head(cfg, target.model.embed_tokens, target.lm_head)
     missing, unexpected = head.load_state_dict(state, strict=False)
+    if cfg.vocab_cut:
+        head.t2d[head.to_target(torch.arange(cfg.draft_vocab_size))] = True
     if missing or unexpected:
         raise ModelError(f"{folder}: tensors do not match an EAGLE-3 head: missing {missing[:5]}, unexpected {unexpected[:5]}",
                          fix=f"the export needs {', '.join(HEAD_TENSORS)} (+ lm_head.weight)")
