@@ -320,12 +320,16 @@ def run_checks(recipe: Recipe, source: str = "") -> CheckReport:
 
 def _check_eagle3_head(target: _ModelInfo, head: _ModelInfo, report: CheckReport) -> None:
     th, hh = target.config.get("hidden_size"), head.config.get("hidden_size")
-    tv = target.config.get("vocab_size")
-    hv = head.config.get("draft_vocab_size") or head.config.get("vocab_size")
+    tv, hv = target.config.get("vocab_size"), head.config.get("vocab_size")
+    dv = head.config.get("draft_vocab_size") or hv
     if th != hh:
         report.add("eagle3_head", "fail", f"head hidden_size {hh} != target hidden_size {th}: the head reads the target's hidden states",
                    fix="train the head on this target (trtspec models eagle3)")
     elif hv != tv:
-        report.add("eagle3_head", "warn", f"head vocab {hv} != target vocab {tv}: needs a d2t mapping")
+        report.add("eagle3_head", "fail", f"head vocab_size {hv} != target vocab_size {tv}: its d2t map and embedding "
+                   "index another vocabulary", fix="train the head on this target (trtspec models eagle3)")
+    elif dv != tv:
+        report.add("eagle3_head", "ok", f"head matches the target (hidden {th}); it drafts over {dv} of the target's "
+                   f"{tv} tokens (EAGLE-3's draft vocabulary, d2t)")
     else:
         report.add("eagle3_head", "ok", f"head matches the target (hidden {th}, vocab {tv})")

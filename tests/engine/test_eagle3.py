@@ -566,3 +566,33 @@ def test_scale_presets_and_their_errors(tiny_target, tmp_path):
                                   "--scale", "tiny", "--draft-vocab-size", "1024"])
     assert r.exit_code == 1 and "--draft-vocab-size 1024" in r.output and "--scale real" in r.output, r.output
     assert not (tmp_path / "h").exists()
+
+
+def test_recipe_with_a_cut_head_passes_check_and_serves_losslessly(repo_root, tiny_target, cut_head_dir, tmp_path):
+    """A head with a draft vocabulary through the recipe path: `check` says what it drafts over,
+    and the runtime the Triton model builds (RuntimeSpec → engine, INT8 head) is lossless."""
+    import yaml
+
+    from trtspec.config import load_recipe
+    from trtspec.preflight import run_checks
+    from trtspec.speculative.runtime import build_engine
+    from trtspec.speculative.spec import RuntimeSpec
+
+    d = yaml.safe_load((repo_root / "build_configs" / "tiny-cpu-eagle3.yaml").read_text())
+    d["target"]["model"], d["speculation"]["head"]["model"] = str(tiny_target), str(cut_head_dir)
+    d["runtime"]["draft_weight_only"] = "int8"
+    path = tmp_path / "recipe.yaml"
+    path.write_text(yaml.safe_dump(d))
+    recipe = load_recipe(path)
+    report = run_checks(recipe, str(path))
+    checks = {c.name: c for c in report.checks}
+    assert report.ok and checks["eagle3_head"].status == "ok", report.to_dict()
+    assert "drafts over 1024 of the target's 4096 tokens" in checks["eagle3_head"].detail
+    spec = RuntimeSpec.from_recipe(recipe)
+    eng = build_engine(spec)
+    assert eng.proposer.head.cfg.vocab_cut and eng.proposer.head._draft_lm_head is not None
+    plain = build_engine(spec.baseline())
+    _, held = corpus_ids(tiny_target, 16)
+    prompts = mixed_prompts(held, 4)
+    greedy = Sampling(max_tokens=16, ignore_eos=True)
+    assert [g.token_ids for g in eng.generate(prompts, greedy)] == [g.token_ids for g in plain.generate(prompts, greedy)]
