@@ -36,10 +36,12 @@ from trtspec.model_makers import missing_model_fix
 from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig, default_aux_layers, load_eagle3_head, save_head
 from trtspec.speculative.model import CausalLM, count_params, load_causal_lm, read_hf_config
 from trtspec.checkpoints.tiny import encode_corpus
+from trtspec.checkpoints.eagle3_data import FeatureSettings, extract_features, feature_dir, load_features
 from trtspec.corpus import corpus_split
 from trtspec.speculative.eagle3 import Eagle3Proposer
 from trtspec.speculative.engine import Engine
 from trtspec.speculative.stats import Aggregate
+from trtspec.speculative.vocab import frequent_vocab
 from trtspec.sampling import Sampling
 
 TRAINERS = ("native", "modelopt")
@@ -448,8 +450,6 @@ def measure_acceptance(target: CausalLM, head: Eagle3Head, prompts: list[list[in
 def _train_real_scale(tdir: pathlib.Path, target: CausalLM, target_id: str, settings: Eagle3Settings,
                       train_ids: torch.Tensor, progress: Progress | None):
     """Extract (or reuse) the target's features, count the draft vocabulary, train on the features."""
-    from trtspec.checkpoints.eagle3_data import FeatureSettings, extract_features, feature_dir, load_features
-    from trtspec.speculative.vocab import frequent_vocab
 
     cfg = head_config_for(target, settings)
     fs = FeatureSettings(tokens=settings.feature_tokens, seq_len=settings.seq_len, seed=settings.seed)
