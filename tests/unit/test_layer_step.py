@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from trtspec.speculative import kernels
+from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig
 from trtspec.speculative.model import CausalLM, ModelArgs, Step, int4_layer_, step_inputs
 
 ARGS = ModelArgs(vocab_size=384, hidden_size=256, intermediate_size=640, num_hidden_layers=2,
@@ -150,3 +151,61 @@ def test_bad_positions_are_refused_not_written():
     with pytest.raises(RuntimeError, match="outside the cache"):
         kernels.wo_cpu().layer_step(x, weights, meta, eps, cache.k[0], cache.v[0], [3], [0], 2, cos_t, sin_t)
     assert torch.equal(cache.k[0], before)
+
+
+def _head(seed: int = 3):
+    """An EAGLE-3 head over ARGS's target shapes, random weights, INT8 (its served form)."""
+    torch.manual_seed(seed)
+    embed = torch.nn.Embedding(ARGS.vocab_size, ARGS.hidden_size)
+    lm = torch.nn.Linear(ARGS.hidden_size, ARGS.vocab_size, bias=False)
+    head = Eagle3Head(HeadConfig(ARGS, (0, 1, 1)), embed, lm)
+    with torch.no_grad():
+        for p in list(head.parameters()) + [embed.weight, lm.weight]:
+            p.normal_(0, 0.3)
+        layer = head.layers[0]
+        for n in (head.norm, layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm):
+            n.weight.uniform_(0.5, 1.5)
+    embed.to(torch.bfloat16), lm.to(torch.bfloat16)
+    return head.to(torch.bfloat16).eval().quantize_weight_only_()
+
+
+@pytest.mark.parametrize("T", [1, 3])
+def test_eagle3_head_layer_matches_the_torch_ops(T):
+    """The head's decoder layer through ``layer_step_in`` (attention input concat(norm(embedding),
+    hidden_norm(feature)), 2H wide; residual the feature): the torch ops' K/V and outputs."""
+    head = _head()
+    assert head.kernel_layer() is not None
+    g = torch.Generator().manual_seed(7 + T)
+    feature = torch.randn(2, T, ARGS.hidden_size, generator=g).to(torch.bfloat16)
+    ids = torch.randint(0, ARGS.vocab_size, (2, T), generator=g)
+    step = Step([1, 0], [11, 17], T)
+    outs, caches = [], []
+    for fused in (True, False):
+        head._kernel = None if fused else False
+        head.layers[0].self_attn.batch_invariant = True  # the torch ops' per-row attention
+        cache = head.new_cache(2, 64)
+        for t in cache.k + cache.v:
+            t.copy_(torch.randn(t.shape, generator=torch.Generator().manual_seed(9)).to(torch.bfloat16))
+        with torch.no_grad():
+            outs.append(head(feature, ids, cache, step).float())
+        caches.append(cache)
+    assert torch.equal(caches[0].k[0], caches[1].k[0]) and torch.equal(caches[0].v[0], caches[1].v[0])
+    diff = (outs[0] - outs[1]).abs()
+    assert diff.max() <= outs[1].abs().max() * 2**-7, diff.max()
+    assert (diff == 0).float().mean() >= 0.95
+
+
+def test_eagle3_head_kernel_only_where_it_applies():
+    head = _head()
+    assert head.kernel_layer() is not None
+    weights, meta, eps = head.kernel_layer()
+    cache = head.new_cache(1, 16)
+    cos_t, sin_t = head.cos_sin(64, "cpu", torch.bfloat16)
+    x = torch.zeros(2, ARGS.hidden_size, dtype=torch.bfloat16)
+    narrow = torch.zeros(2, ARGS.hidden_size, dtype=torch.bfloat16)  # q|k|v read 2H: an H-wide input is refused
+    with pytest.raises(RuntimeError, match="shapes"):
+        kernels.wo_cpu().layer_step_in(x, narrow, weights, meta, eps, cache.k[0], cache.v[0], [0], [3], 2, cos_t, sin_t)
+    fp = _head()
+    fp._kernel = None
+    fp.layers[0].self_attn.fused = None  # an unquantized layer: torch ops
+    assert fp.kernel_layer() is None

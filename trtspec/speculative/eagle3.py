@@ -40,7 +40,8 @@ from torch import nn
 
 from trtspec.errors import ModelError
 from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step, attention,
-                                       quantize_layer_weight_only_, rotate_half, step_inputs)
+                                       kernel_layer_args, quantize_layer_weight_only_, rotate_half, step_inputs)
+from trtspec.speculative.kernels import wo_cpu
 from trtspec.speculative.loaders import loader_for
 from trtspec.speculative.proposers import Proposal
 from trtspec.speculative.sampling import greedy_token, logits_to_probs, sample
@@ -230,6 +231,7 @@ class Eagle3Head(nn.Module):
             self.register_buffer("t2d", torch.zeros(a.vocab_size, dtype=torch.bool), persistent=False)
         self._rope: tuple[int, torch.Tensor, torch.Tensor] | None = None
         self._draft_lm_head: Int8Linear | None = None  # see quantize_weight_only_
+        self._kernel: tuple | bool | None = None  # see kernel_layer
 
     @property
     def aux_layers(self) -> tuple[int, ...]:
@@ -276,6 +278,7 @@ class Eagle3Head(nn.Module):
                              "would compound the error",
                              fix="set runtime.draft_weight_only: none, or use the unquantized head")
         quantize_layer_weight_only_(at, mlp)
+        self._kernel = None
         self.fc = Int8Linear(self.fc.weight, None)
         self._draft_lm_head = Int8Linear((self.lm_head if self.cfg.vocab_cut else self._shared[1]).weight, None)
         return self
@@ -306,9 +309,29 @@ class Eagle3Head(nn.Module):
         if cache is None:
             step = Step(list(range(B)), [0] * B, T)
         cos_t, sin_t = self.cos_sin(step.kv_len, dev, feature.dtype)
+        kernel = self.kernel_layer() if cache is not None and step.continuing else None
+        if kernel is not None:  # one C++ call for the layer (kernel_layer)
+            layer, (weights, meta, eps) = self.layers[0], kernel
+            xin = layer.attn_input(feature, self.embed(input_ids)).reshape(B * T, -1)
+            out = wo_cpu().layer_step_in(feature.reshape(B * T, -1).contiguous(), xin.contiguous(), weights, meta,
+                                         eps, cache.k[0], cache.v[0], step.rows, step.starts, T, cos_t, sin_t)
+            return out.view(B, T, -1)
         cos, sin, mask, index = step_inputs(step, B, T, cos_t, sin_t, cached=cache is not None)
         kc, vc = (cache.k[0], cache.v[0]) if cache is not None else (None, None)
         return self.layers[0](feature, self.embed(input_ids), cos, sin, kc, vc, step, mask, index)
+
+    def kernel_layer(self):
+        """The decoder layer's arguments for trtspec's one-call CPU layer step
+        (``wo_cpu.layer_step_in``: q|k|v read the given ``attn_input``, the feature is the
+        residual), or None: made once, where the head runs on INT8 weights (``quantize_weight_only_``)
+        in bf16 on a CPU with trtspec's kernels. Draft steps then run the layer's ~50 torch ops
+        as one call; the prelude (two norms, a concat) and fc stay torch ops."""
+        if self._kernel is None:
+            args = None
+            if self.norm.weight.is_cpu and self.norm.weight.dtype == torch.bfloat16 and self.args.hidden_size % 64 == 0:
+                args = kernel_layer_args(self.layers[0])
+            self._kernel = args if args is not None else False
+        return self._kernel or None
 
     # ---- training-time test (TTT): attention over several draft steps at once
 

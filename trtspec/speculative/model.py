@@ -323,8 +323,15 @@ def _kernel_layer(layer: "DecoderLayer"):
     """``layer``'s arguments for the CPU kernel's one-call layer step (``wo_cpu.layer_step``), or
     None where it does not apply: every projection fused and packed on trtspec's kernel (not
     torch's, no AWQ pre-scale), bf16 norms, Llama/Qwen2 shapes the kernel takes."""
+    return kernel_layer_args(layer) if type(layer) is DecoderLayer else None
+
+
+def kernel_layer_args(layer: nn.Module):
+    """:func:`_kernel_layer` for any layer made of an :class:`Attention`, an :class:`MLP` and the
+    two norms (an EAGLE-3 head's layer too, which runs ``wo_cpu.layer_step_in``: its attention
+    input is given, so its ``input_layernorm`` is applied by the caller)."""
     at, mlp = layer.self_attn, layer.mlp
-    if type(layer) is not DecoderLayer or type(at) is not Attention or type(mlp) is not MLP:
+    if type(at) is not Attention or type(mlp) is not MLP:
         return None
     if any(type(n) is not RMSNorm or n.weight.dtype != torch.bfloat16
            for n in (layer.input_layernorm, layer.post_attention_layernorm)):

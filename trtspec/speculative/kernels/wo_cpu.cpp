@@ -274,12 +274,21 @@ torch::Tensor mm(torch::Tensor x, torch::Tensor packed, torch::Tensor scales, in
 // w: input_layernorm, qkv packed, qkv scales, qkv bias (empty: none), o packed, o scales,
 //    post_attention_layernorm, gate|up packed, gate|up scales, down packed, down scales
 // meta: H, Hkv, D, then (group, bits) of qkv, o, gate|up, down
-torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> w, std::vector<int64_t> meta, double eps,
-                         torch::Tensor k_cache, torch::Tensor v_cache, std::vector<int64_t> cache_rows,
-                         std::vector<int64_t> starts, int64_t T, torch::Tensor cos, torch::Tensor sin) {
+//
+// layer_step_in: the same layer with its attention input given (xin, bf16 [M, Kin]) instead of
+// input_layernorm(x): an EAGLE-3 head's layer, whose q|k|v read concat(input_layernorm(embedding),
+// hidden_norm(feature)) (2*Hd wide) while the residual is the feature x. w[0] is then unused.
+torch::Tensor layer_step_impl(const torch::Tensor& x, const torch::Tensor* xin, std::vector<torch::Tensor> w,
+                              std::vector<int64_t> meta, double eps, torch::Tensor k_cache, torch::Tensor v_cache,
+                              std::vector<int64_t> cache_rows, std::vector<int64_t> starts, int64_t T,
+                              torch::Tensor cos, torch::Tensor sin) {
   TORCH_CHECK(w.size() == 11 && meta.size() == 11, "layer_step: 11 weights and 11 meta values");
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "x: contiguous bf16 [M, Hd]");
   const int64_t M = x.size(0), Hd = x.size(1), H = meta[0], Hkv = meta[1], D = meta[2], G = H / Hkv;
+  if (xin)
+    TORCH_CHECK(xin->dim() == 2 && xin->scalar_type() == at::kBFloat16 && xin->is_contiguous() && xin->size(0) == M &&
+                xin->size(1) % 64 == 0, "xin: contiguous bf16 [M, Kin], Kin a multiple of 64");
+  const int64_t Kin = xin ? xin->size(1) : Hd;
   const int64_t Bn = int64_t(cache_rows.size());
   TORCH_CHECK(Bn == int64_t(starts.size()) && Bn * T == M, "rows/starts: one per row of T tokens");
   TORCH_CHECK(Hd % 64 == 0 && D % 16 == 0 && D <= 512 && H % Hkv == 0,
@@ -295,7 +304,7 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> w, std::vec
                 starts[b] + T <= cos.size(0), "a row or position outside the cache or rope table");
   auto bf = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr<at::BFloat16>()); };
   auto bfp = [](uint16_t* p) { return reinterpret_cast<at::BFloat16*>(p); };
-  check_mm(w[1], w[2], Hd, meta[3], meta[4]);
+  check_mm(w[1], w[2], Kin, meta[3], meta[4]);
   check_mm(w[4], w[5], H * D, meta[5], meta[6]);
   check_mm(w[7], w[8], Hd, meta[7], meta[8]);
   const int64_t I2 = w[7].size(0) * R, I = I2 / 2;
@@ -316,8 +325,12 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> w, std::vec
   const Span h{scratch.data()}, qkv{h.p + nh}, att{qkv.p + nqkv}, x1{att.p + natt}, tmp{x1.p + nx1};
   auto out = torch::empty_like(x);
 
-  rms_norm(X, bf(w[0]), h.data(), M, Hd, float(eps));
-  matmul(h.data(), M, Hd, w[1], w[2], meta[3], meta[4], bfp(qkv.data()));
+  if (xin) {
+    matmul(bf(*xin), M, Kin, w[1], w[2], meta[3], meta[4], bfp(qkv.data()));
+  } else {
+    rms_norm(X, bf(w[0]), h.data(), M, Hd, float(eps));
+    matmul(h.data(), M, Hd, w[1], w[2], meta[3], meta[4], bfp(qkv.data()));
+  }
   uint16_t* kc = bf(k_cache);
   uint16_t* vc = bf(v_cache);
   const uint16_t *C = bf(cos), *S = bf(sin);
@@ -367,6 +380,19 @@ torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> w, std::vec
   matmul(h.data(), M, I, w[9], w[10], meta[9], meta[10], bfp(tmp.data()));
   add_into(x1.data(), tmp.data(), bf(out), M * Hd);
   return out;
+}
+
+torch::Tensor layer_step(torch::Tensor x, std::vector<torch::Tensor> w, std::vector<int64_t> meta, double eps,
+                         torch::Tensor k_cache, torch::Tensor v_cache, std::vector<int64_t> cache_rows,
+                         std::vector<int64_t> starts, int64_t T, torch::Tensor cos, torch::Tensor sin) {
+  return layer_step_impl(x, nullptr, w, meta, eps, k_cache, v_cache, cache_rows, starts, T, cos, sin);
+}
+
+torch::Tensor layer_step_in(torch::Tensor x, torch::Tensor xin, std::vector<torch::Tensor> w,
+                            std::vector<int64_t> meta, double eps, torch::Tensor k_cache, torch::Tensor v_cache,
+                            std::vector<int64_t> cache_rows, std::vector<int64_t> starts, int64_t T,
+                            torch::Tensor cos, torch::Tensor sin) {
+  return layer_step_impl(x, &xin, w, meta, eps, k_cache, v_cache, cache_rows, starts, T, cos, sin);
 }
 
 // q: int8 [N, K] (INT4 values in [-8, 7] for bits = 4) -> uint8 [N/4, 4*K*bits/8], the layout above.
@@ -425,4 +451,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("pack", &pack, "pack INT4 or INT8 values for mm");
   m.def("unpack", &unpack, "the INT4 or INT8 values of a packed weight");
   m.def("layer_step", &layer_step, "one decoder layer's decode/verify step on the weight-only kernels");
+  m.def("layer_step_in", &layer_step_in, "layer_step with the attention input given (an EAGLE-3 head's layer)");
 }
