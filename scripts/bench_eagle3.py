@@ -36,6 +36,9 @@ def main() -> int:
     ap.add_argument("--head", default=None, help="[default: MODELS/qwen2.5-coder-1.5b-instruct-eagle3]")
     ap.add_argument("--target-format", default="int4_wo+int8_head")
     ap.add_argument("--draft-lens", default="1,2,3")
+    ap.add_argument("--heads", default="int8-ops,int8",
+                    help="comma list of bf16 (torch ops), int8-ops (INT8 weights, torch ops), int8 (INT8 weights, "
+                         "the one-call layer step where the CPU kernels run)")
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=2)
@@ -65,8 +68,23 @@ def main() -> int:
     fmt = args.target_format
     tfolder = models / TARGET if fmt == "none" else quantized(models, fmt)
     target = load_model(str(tfolder), torch.bfloat16, torch.device("cpu")).batch_invariant_(fmt.endswith(HEAD))
-    heads = {"bf16": load_eagle3_head(head_dir, target, dtype=torch.bfloat16),
-             "INT8": load_eagle3_head(head_dir, target, dtype=torch.bfloat16).quantize_weight_only_()}
+    def make_head(kind: str):
+        head = load_eagle3_head(head_dir, target, dtype=torch.bfloat16)
+        if kind == "bf16":
+            return head
+        head.quantize_weight_only_()
+        if kind == "int8-ops":
+            head._kernel = False  # the layer's torch ops, not the one-call layer step
+        elif head.kernel_layer() is None:
+            sys.exit("--heads int8: trtspec's CPU layer step does not run here (use int8-ops)")
+        return head
+
+    names = {"bf16": "bf16 head", "int8-ops": "INT8 head, torch ops", "int8": "INT8 head, layer step"}
+    kinds = args.heads.split(",")
+    if not kinds or any(k not in names for k in kinds):
+        sys.exit(f"--heads {args.heads!r}: a comma list of {', '.join(names)}")
+    heads = {names[k]: make_head(k) for k in kinds}
+    first = next(iter(heads.values()))
     tok = AutoTokenizer.from_pretrained(models / TARGET)
     _, held = corpus_ids(models / TARGET, 16)
     sets = {"held-out stdlib source": eval_prompts(held, args.num_prompts),
@@ -81,7 +99,7 @@ def main() -> int:
         prop = None if head is None else Eagle3Proposer(heads[head], 1, max_len + k + 2)
         return Engine(target, prop, max_draft_len=k if head else 0, max_batch_size=1, max_seq_len=max_len)
 
-    configs = [("plain", None, 0)] + [(f"EAGLE-3 {h}, K={k}", h, k) for h in heads for k in ks]
+    configs = [("plain", None, 0)] + [(f"{h}, K={k}", h, k) for h in heads for k in ks]
     pressure = [cache_pressure(target, max(ks))["pressure"]]
     results: dict[tuple[str, str], list[dict]] = {}
     for rep in range(args.repeats):
@@ -121,8 +139,8 @@ def main() -> int:
             row["ms_per_token"] = round(1000 / med, 2)
         rows.append(row)
     manifest = json.loads((head_dir / "trtspec.json").read_text()) if (head_dir / "trtspec.json").is_file() else {}
-    info = {"head": str(head_dir), "params": count_params(heads["bf16"]),
-            "draft_vocab_size": heads["bf16"].cfg.draft_vocab_size, "train_s": manifest.get("train_s"),
+    info = {"head": str(head_dir), "params": count_params(load_eagle3_head(head_dir, target)),
+            "draft_vocab_size": first.cfg.draft_vocab_size, "train_s": manifest.get("train_s"),
             "data": manifest.get("data"), "step_accuracy": manifest.get("step_accuracy")}
     summary = {"when": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "target": str(tfolder),
                "target_format": fmt, "threads": args.threads, "max_new_tokens": n, "repeats": args.repeats,

@@ -273,7 +273,9 @@ def test_a_request_past_its_deadline_is_cancelled_on_the_server(deployment, refe
         stopped, tokens = engine_stops(deployment, "tensorrt_llm", before, t0)
     assert raised < 2.0
     assert e.value.partial is not None and e.value.partial.token_ids  # what arrived is kept
-    assert tokens < LONG / 2  # stopped early, not run to max_tokens
+    # stopped early, not run to max_tokens: about 120 tokens on a quiet box (0.5 s), 232 seen on a
+    # loaded CI box (the cancel reaches the engine later); a cancel that never arrives gives LONG
+    assert tokens < 0.8 * LONG
     assert deployment.metric("trtspec_requests_cancelled_total", "tensorrt_llm") == cancelled + 1
     report(fault="deadline", raised_s=round(raised, 2), engine_idle_s=round(stopped, 2), tokens=tokens)
 

@@ -108,7 +108,7 @@ def models_qwen(out_dir: str, dtype: str, cache_dir: str | None, force: bool, as
               help="real: extract the target's features once (cached, resumable) and train on them, with a draft "
                    "vocabulary; tiny: run the target in every step; auto: real above 200M target parameters.")
 @click.option("--feature-tokens", type=click.IntRange(256), default=None,
-              help="Corpus tokens to extract features for (real scale) [default: 131072, ~21 min for a 1.5B target].")
+              help="Corpus tokens to extract features for (real scale) [default: 262144, ~42 min for a 1.5B target].")
 @click.option("--draft-vocab-size", type=click.IntRange(64), default=None,
               help="EAGLE-3 draft vocabulary (the most frequent corpus tokens; d2t/t2d) [default: 32768 at real scale, "
                    "the target's at tiny].")

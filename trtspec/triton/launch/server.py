@@ -514,6 +514,17 @@ class TritonServer:
         except (urllib.error.URLError, OSError):
             return False
 
+    def _metrics_up(self) -> bool:
+        """The metrics port accepts connections (tritonserver opens it after the HTTP port: a
+        caller told "ready" must be able to read /metrics), or metrics are turned off."""
+        if any(a.replace("_", "-").lower() in ("--allow-metrics=false", "--allow-metrics=0") for a in self.extra_args):
+            return True
+        try:
+            with socket.create_connection((self.endpoints.host, self.endpoints.metrics_port), timeout=1):
+                return True
+        except OSError:
+            return False
+
     def _model_ready(self, name: str) -> bool:
         try:
             with urllib.request.urlopen(f"{self.endpoints.http}/v2/models/{name}/ready", timeout=1) as r:
@@ -529,7 +540,7 @@ class TritonServer:
             rc = self.proc.poll()
             if rc is not None:
                 raise self._failure(f"tritonserver exited (code {rc}) before it was ready")
-            if self._ready():
+            if self._ready() and self._metrics_up():
                 if self.on_progress:
                     self.on_progress(len(names), len(names), "models ready")
                 return
