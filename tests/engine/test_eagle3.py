@@ -596,3 +596,31 @@ def test_recipe_with_a_cut_head_passes_check_and_serves_losslessly(repo_root, ti
     prompts = mixed_prompts(held, 4)
     greedy = Sampling(max_tokens=16, ignore_eos=True)
     assert [g.token_ids for g in eng.generate(prompts, greedy)] == [g.token_ids for g in plain.generate(prompts, greedy)]
+
+
+def test_int8_head_on_the_one_call_layer_step_is_lossless(tiny_target, head_dir, corpus):
+    """The served form on trtspec's CPU kernels: a bf16 INT8 target (its own layer step) and the
+    INT8 head, whose decoder layer runs ``wo_cpu.layer_step_in`` in every draft step: outputs
+    identical to plain decoding, acceptance as on the head's torch ops."""
+    from trtspec.speculative import kernels
+
+    if kernels.wo_cpu() is None:
+        pytest.skip(f"trtspec's CPU kernels do not run here: {kernels.wo_cpu_status()}")
+    t = load_causal_lm(tiny_target, dtype=torch.bfloat16).quantize_weight_only_().batch_invariant_()
+    fused = load_eagle3_head(head_dir, t, dtype=torch.bfloat16).quantize_weight_only_()
+    ops = load_eagle3_head(head_dir, t, dtype=torch.bfloat16).quantize_weight_only_()
+    ops._kernel = False  # the same INT8 head on torch ops
+    assert fused.kernel_layer() is not None
+    calls = []
+    real = fused.kernel_layer
+    fused.kernel_layer = lambda: calls.append(1) or real()  # count the draft steps that take it
+    prompts = mixed_prompts(corpus[1], 12)
+    params = Sampling(max_tokens=16, ignore_eos=True)
+    plain = generate(t, None, prompts, params, batch=4)
+    spec = generate(t, Eagle3Proposer(fused, 4, 300), prompts, params, batch=4)
+    spec_ops = generate(t, Eagle3Proposer(ops, 4, 300), prompts, params, batch=4)
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    assert [g.token_ids for g in spec_ops] == [g.token_ids for g in plain]
+    assert len(calls) > 12  # every propose after prefill
+    rate = lambda gs: sum(g.stats.accepted for g in gs) / sum(g.stats.drafted for g in gs)  # noqa: E731
+    assert rate(spec) > 0 and abs(rate(spec) - rate(spec_ops)) < 0.1

@@ -39,7 +39,7 @@ import torch
 from torch import nn
 
 from trtspec.errors import ModelError
-from trtspec.speculative.model import (MLP, Attention, CausalLM, Int8Linear, KVCache, ModelArgs, RMSNorm, Step, attention,
+from trtspec.speculative.model import (MLP, Attention, CausalLM, Int4Linear, Int8Linear, KVCache, ModelArgs, RMSNorm, Step, attention,
                                        kernel_layer_args, quantize_layer_weight_only_, rotate_half, step_inputs)
 from trtspec.speculative.kernels import wo_cpu
 from trtspec.speculative.loaders import loader_for
@@ -268,7 +268,8 @@ class Eagle3Head(nn.Module):
     def quantize_weight_only_(self) -> "Eagle3Head":
         """Draft with INT8 weights (:class:`~trtspec.speculative.model.Int8Linear`): fc, the
         decoder layer's projections (q|k|v and gate|up fused) and a private INT8 copy of the
-        target's LM head. The target keeps its own head, so verification is unchanged. Inference
+        target's LM head (or the target's own, where it is already INT8/INT4 weight-only). The
+        target's head is not changed, so verification is unchanged. Inference
         only (training needs the fp weights); not reversible."""
         layer = self.layers[0]
         at, mlp = layer.self_attn, layer.mlp
@@ -280,7 +281,9 @@ class Eagle3Head(nn.Module):
         quantize_layer_weight_only_(at, mlp)
         self._kernel = None
         self.fc = Int8Linear(self.fc.weight, None)
-        self._draft_lm_head = Int8Linear((self.lm_head if self.cfg.vocab_cut else self._shared[1]).weight, None)
+        src = self.lm_head if self.cfg.vocab_cut else self._shared[1]
+        # a target whose LM head is already weight-only (INT8/INT4 kernels): draft through that one
+        self._draft_lm_head = src if type(src) in (Int8Linear, Int4Linear) else Int8Linear(src.weight, None)
         return self
 
     def cos_sin(self, n: int, device, dtype):
