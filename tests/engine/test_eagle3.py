@@ -624,3 +624,24 @@ def test_int8_head_on_the_one_call_layer_step_is_lossless(tiny_target, head_dir,
     assert len(calls) > 12  # every propose after prefill
     rate = lambda gs: sum(g.stats.accepted for g in gs) / sum(g.stats.drafted for g in gs)  # noqa: E731
     assert rate(spec) > 0 and abs(rate(spec) - rate(spec_ops)) < 0.1
+
+
+def test_the_head_reads_the_prompt_after_the_first_token(target, head, corpus):
+    """No head work before the first token (time to first token is the target's prefill alone):
+    the prompt's features are read at the first proposal, alone, all but the last position,
+    then the batched feed; the catch-up is timed apart for the goodput policy."""
+    prompt = corpus[1][:40].tolist()
+    prop = Eagle3Proposer(head, 2, 300)
+    calls: list[int] = []
+    forward = head.forward
+    head.forward = lambda feature, ids, *a, **kw: calls.append(ids.shape[1]) or forward(feature, ids, *a, **kw)
+    try:
+        eng = Engine(target, prop, max_draft_len=3, max_batch_size=2, max_seq_len=256)
+        eng.add(prompt, Sampling(max_tokens=8, ignore_eos=True))
+        assert calls == [] and prop.pending[0].shape[0] == len(prompt)
+        prop.propose([0], [eng.slots[0].seq], [3], [Sampling(max_tokens=8)], [None])
+        assert calls[:2] == [len(prompt) - 1, 1]  # the catch-up, then the round's own feed
+        secs, tokens = prop.take_catch_up()
+        assert tokens == len(prompt) - 1 and secs > 0 and prop.take_catch_up() == (0.0, 0)
+    finally:
+        del head.forward

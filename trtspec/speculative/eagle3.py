@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import pathlib
+import time
 from dataclasses import dataclass
 
 import torch
@@ -498,7 +499,9 @@ class Eagle3Proposer:
     paired with position ``j``'s feature is ``seq[j+1]``, so ``seq[valid+1:]`` are exactly the
     ``m`` pending tokens. A round feeds the pending positions (the last one's output drafts
     d_1), then drafts d_2..d_K from the head's own features; ``accept`` rolls back to ``valid``
-    and queues the verify pass's features of the accepted tokens.
+    and queues the verify pass's features of the accepted tokens. ``prefill`` only queues the
+    prompt's features; a row with more queued than a round gives (the prompt, or plain steps'
+    positions) reads them alone first (:meth:`_catch_up`), timed apart for the goodput policy.
     """
 
     name = "eagle3"
@@ -510,20 +513,54 @@ class Eagle3Proposer:
         self.valid = [0] * max_slots
         self.pending: list[torch.Tensor | None] = [None] * max_slots
         self.device = head.norm.weight.device
+        self.catch_up_s, self.catch_up_tokens = 0.0, 0  # see take_catch_up
         self._all = torch.arange(head.cfg.draft_vocab_size or head.args.vocab_size, device=self.device)
 
     @torch.inference_mode()
     def prefill(self, slot, seq, target_hidden=None):
+        """Queue the prompt's features: the head reads them at the request's first proposal
+        (:meth:`_catch_up`), after the first token has gone out, so the head adds nothing to the
+        time to first token (as the draft model's proposer reads its prompt late)."""
         if target_hidden is None:
             raise ModelError("the EAGLE-3 proposer needs the target's hidden states at prefill",
                              fix="run it in an engine that honours target_hidden_layers")
-        feats = target_hidden[0]  # [L, n*H], L = len(seq) - 1 (seq ends with the first token)
-        L = feats.shape[0]
-        if L > 1:  # all but the last position now; the last one drafts d_1 in propose
-            ids = torch.tensor([seq[1:L]], device=self.device)
-            self.head(self.head.fc(feats[None, : L - 1]), ids, self.cache, Step([slot], [0], L - 1))
-        self.valid[slot] = L - 1
-        self.pending[slot] = feats[L - 1 :].clone()
+        self.valid[slot] = 0
+        self.pending[slot] = target_hidden[0].clone()  # [L, n*H], L = len(seq) - 1 (seq ends with the first token)
+
+    def take_catch_up(self) -> tuple[float, int]:
+        """(seconds, tokens) the head spent reading queued features alone since the last call (a
+        prompt, or the positions of plain steps): paid once per token whatever the draft length,
+        so the engine prices it apart from the per-token draft cost (GoodputPolicy.catch_up_share)."""
+        out = (self.catch_up_s, self.catch_up_tokens)
+        self.catch_up_s, self.catch_up_tokens = 0.0, 0
+        return out
+
+    def behind(self, slots: list[int], seqs: list[list[int]], prompt_lens: list[int]) -> int:
+        """Generated positions queued by plain steps that a catch-up would read before drafting (a
+        prompt not read yet does not count: every speculating request reads it once)."""
+        total = 0
+        for s, seq, p in zip(slots, seqs, prompt_lens):
+            if len(seq) - 1 - self.valid[s] >= 2:
+                total += max(0, len(seq) - 1 - max(self.valid[s], p))
+        return total
+
+    def _catch_up(self, slots, seqs, most: int) -> None:
+        """Each row with more than ``most`` queued positions (a prompt, or plain steps' positions)
+        reads all but the last alone, in one pass; the batched feed then reads the last one. A
+        round's own features (at most K+1) stay batched: padding them costs little."""
+        t0, n = time.perf_counter(), 0
+        for s, seq in zip(slots, seqs):
+            p = self.pending[s]
+            m = 0 if p is None else p.shape[0]
+            if m > most:
+                ids = torch.tensor([seq[self.valid[s] + 1 : self.valid[s] + m]], device=self.device)
+                self.head(self.head.fc(p[None, : m - 1]), ids, self.cache, Step([s], [self.valid[s]], m - 1))
+                self.valid[s] += m - 1
+                self.pending[s] = p[m - 1 :]
+                n += m - 1
+        if n:
+            self.catch_up_s += time.perf_counter() - t0
+            self.catch_up_tokens += n
 
     def _feed(self, slots, seqs) -> torch.Tensor:
         """Feed every row's pending positions; returns g at each row's last one ``[B, H]``."""
@@ -554,6 +591,7 @@ class Eagle3Proposer:
     def propose(self, slots, seqs, ks, params, generators):
         B, K = len(slots), max(ks)
         head = self.head
+        self._catch_up(slots, seqs, K + 1)
         g = self._feed(slots, seqs)
         greedy = all(p.greedy for p in params)
         tokens, probs = [], []
