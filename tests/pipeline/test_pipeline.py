@@ -171,7 +171,7 @@ def test_sigterm_mid_validation_stops_the_server_and_keeps_finished_stages(tmp_p
         proc.kill()
         raise
     server_pid, rc, out, err = sigterm_launcher(proc, records, timeout=120)
-    assert rc == 128 + signal.SIGTERM, out + err
+    assert rc == 128 + signal.SIGTERM, err[-4000:]  # a native crash's stacks (faulthandler) end stderr
     assert "terminated: everything started was stopped" in err
     assert not _alive(server_pid), f"server processes left running: {_alive(server_pid)}"
     assert not list(records.glob("*.json"))

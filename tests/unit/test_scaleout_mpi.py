@@ -239,8 +239,8 @@ def test_a_repository_trtspec_did_not_render_is_refused(tmp_path):
 FAKE_MPIRUN = textwrap.dedent('''\
     #!PYTHON
     """mpirun stand-in: checks the MPMD syntax, records every app context, answers Triton's health
-    endpoints on rank 0's HTTP port until SIGTERM; FAKE_MPIRUN_FAIL=1 fails like a rank that died."""
-    import http.server, json, os, sys
+    endpoints on rank 0's HTTP port (and opens its metrics port) until SIGTERM; FAKE_MPIRUN_FAIL=1 fails like a rank that died."""
+    import http.server, json, os, sys, threading
     args = sys.argv[1:]
     assert args[0] == "--allow-run-as-root", args
     contexts, cur = [], []
@@ -271,6 +271,9 @@ FAKE_MPIRUN = textwrap.dedent('''\
             pass
 
     print(f"world {len(contexts)}", flush=True)
+    if "metrics-port" in opts:  # rank 0's tritonserver opens its metrics port too
+        metrics = http.server.HTTPServer((opts.get("metrics-address", opts["http-address"]), int(opts["metrics-port"])), H)
+        threading.Thread(target=metrics.serve_forever, daemon=True).start()
     http.server.HTTPServer((opts["http-address"], int(opts["http-port"])), H).serve_forever()
 ''').replace("PYTHON", sys.executable)
 

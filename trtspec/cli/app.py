@@ -7,9 +7,11 @@ dependencies are not installed says which extra to install instead of failing wi
 
 from __future__ import annotations
 
+import faulthandler
 import importlib
 import os
 import signal
+import sys
 import threading
 
 import click
@@ -76,3 +78,8 @@ def main(debug: bool) -> None:
         os.environ["TRTSPEC_DEBUG"] = "1"
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _raise_terminated)
+    if not faulthandler.is_enabled():  # a crash in native code (torch, gRPC) prints the Python stacks
+        try:
+            faulthandler.enable(file=sys.__stderr__)
+        except (AttributeError, ValueError, OSError):  # no real stderr (embedded, closed)
+            pass
