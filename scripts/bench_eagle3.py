@@ -3,8 +3,8 @@
 costs against a target pass, and decode speed against plain decoding, per draft length.
 
 Two prompt sets: held-out Python source (the stdlib files the head never trained on, the same
-prompts ``trtspec models eagle3`` evaluates) and the recipes' ``builtin:code`` requests (chat
-prompts: the traffic the Qwen recipe validates on). The target runs as deployed (``--target-format``,
+prompts ``trtspec models eagle3`` evaluates) and the recipes' ``builtin:code`` requests (raw code
+prefixes, no chat template: the traffic the Qwen recipe validates on). The target runs as deployed (``--target-format``,
 default the Qwen recipe's INT4 + INT8 LM head, batch-invariant); the head in bf16 and on INT8
 weights (``runtime.draft_weight_only: int8``). Greedy, batch 1; every speculative output must equal
 the same target's plain decoding. Configurations interleave prompt by prompt over ``--repeats``

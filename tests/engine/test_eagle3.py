@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -558,10 +559,12 @@ def test_scale_presets_and_their_errors(tiny_target, tmp_path):
 
     from trtspec.checkpoints.eagle3 import eagle3_settings
     from trtspec.cli import main
+    from trtspec.speculative.kernels import cpu_flags
 
     assert eagle3_settings(tiny_target).feature_tokens is None  # 10M parameters: the target in every step
     real = eagle3_settings(tiny_target, "real")
-    assert real.feature_tokens and real.draft_vocab_size == 32768 and real.target_dtype == "bfloat16"
+    assert real.feature_tokens and real.draft_vocab_size == 32768
+    assert real.target_dtype == ("bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "float32")
     r = CliRunner().invoke(main, ["models", "eagle3", "--target", str(tiny_target), "--out", str(tmp_path / "h"),
                                   "--scale", "tiny", "--draft-vocab-size", "1024"])
     assert r.exit_code == 1 and "--draft-vocab-size 1024" in r.output and "--scale real" in r.output, r.output
@@ -645,3 +648,54 @@ def test_the_head_reads_the_prompt_after_the_first_token(target, head, corpus):
         assert tokens == len(prompt) - 1 and secs > 0 and prop.take_catch_up() == (0.0, 0)
     finally:
         del head.forward
+
+
+def test_continuations_are_the_targets_own_and_resume_at_the_first_missing_shard(tiny_target, target, tmp_path):
+    from transformers import AutoTokenizer
+
+    from trtspec.checkpoints.eagle3_data import ContinuationSettings, generate_continuations
+    from trtspec.corpus import corpus_split
+
+    tok = AutoTokenizer.from_pretrained(str(tiny_target))
+    cs = ContinuationSettings(new_tokens=12, batch_size=4, max_chars=300)
+    train_texts = corpus_split(16)[0]
+    stream = generate_continuations(target, tok, train_texts, tmp_path, 300, cs)
+    shards = sorted(p.name for p in tmp_path.glob("gen_*"))
+    assert stream.numel() >= 300 and shards and shards[0] == "gen_00000.safetensors"
+    # the first shard: prompt, then exactly the target's plain greedy continuation, then EOS
+    from trtspec.corpus import code_request_prompts
+
+    prompts = code_request_prompts(train_texts, 4, seed=0, min_chars=cs.min_chars, max_chars=cs.max_chars)
+    p0 = tok.backend_tokenizer.encode(prompts[0], add_special_tokens=False).ids
+    want = generate(target, None, [p0], Sampling(max_tokens=12), k=0)[0].token_ids
+    got = stream[len(p0) : len(p0) + len(want)].tolist()
+    assert stream[: len(p0)].tolist() == p0 and got == want
+    assert int(stream[len(p0) + len(want) - (1 if want[-1] == target.args.eos_token_id else 0)]) == \
+        target.args.eos_token_id
+    # resume: a missing shard is made again, bit for bit; the others are read, not regenerated
+    (tmp_path / shards[0]).unlink()
+    stamps = {p.name: p.stat().st_mtime_ns for p in tmp_path.glob("gen_*")}
+    calls: list[int] = []
+    again = generate_continuations(target, tok, train_texts, tmp_path, 300, cs,
+                                   progress=lambda ph, s, n, m: calls.append(s))
+    assert torch.equal(again, stream) and len(calls) == len(shards)
+    assert all(p.stat().st_mtime_ns == stamps[p.name] for p in tmp_path.glob("gen_*") if p.name in stamps)
+
+
+def test_a_head_trains_on_the_targets_continuations(tiny_target, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from trtspec.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    res = make_eagle3_head(tiny_target, tmp_path / "head", replace(CUT, data="continuations", steps=4))
+    m = json.loads((tmp_path / "head" / "trtspec.json").read_text())
+    assert m["data"]["text"] == "continuations" and m["data"]["tokens"] == 2048
+    assert m["data"]["generate_s_this_run"] > 0 and res.acceptance_length >= 1.0
+    gen = sorted((tmp_path / "xdg").rglob("gen_*.safetensors"))
+    assert gen and all(p.parent == gen[0].parent for p in gen)  # its own cache folder, beside its features
+    assert any(gen[0].parent.glob("shard_*.safetensors"))
+    r = CliRunner().invoke(main, ["models", "eagle3", "--target", str(tiny_target), "--out", str(tmp_path / "h2"),
+                                  "--scale", "tiny", "--data", "continuations"])
+    assert r.exit_code == 1 and "--data continuations" in r.output and "--scale real" in r.output, r.output
+    assert not (tmp_path / "h2").exists()

@@ -36,15 +36,18 @@ from trtspec.model_makers import missing_model_fix
 from trtspec.speculative.eagle3 import Eagle3Head, HeadConfig, default_aux_layers, load_eagle3_head, save_head
 from trtspec.speculative.model import CausalLM, count_params, load_causal_lm, read_hf_config
 from trtspec.checkpoints.tiny import encode_corpus
-from trtspec.checkpoints.eagle3_data import FeatureSettings, extract_features, feature_dir, load_features
+from trtspec.checkpoints.eagle3_data import (ContinuationSettings, FeatureSettings, extract_features, feature_dir,
+                                             generate_continuations, load_features)
 from trtspec.corpus import corpus_split
 from trtspec.speculative.eagle3 import Eagle3Proposer
 from trtspec.speculative.engine import Engine
+from trtspec.speculative.kernels import cpu_flags
 from trtspec.speculative.stats import Aggregate
 from trtspec.speculative.vocab import frequent_vocab
 from trtspec.sampling import Sampling
 
 TRAINERS = ("native", "modelopt")
+DATA = ("corpus", "continuations")
 Progress = Callable[[str, int, int, dict], None]  # (phase, step, total, metrics)
 
 
@@ -70,6 +73,9 @@ class Eagle3Settings:
     # trains on those features in bf16 autocast. None: the target runs in each step (tiny targets).
     feature_tokens: int | None = None
     draft_vocab_size: int | None = None  # EAGLE-3's reduced vocabulary (d2t/t2d); None = the target's
+    # real scale: the text features are extracted over. "corpus": stdlib windows; "continuations":
+    # the target's own greedy continuations of code prompts from the train split (self-distillation)
+    data: str = "corpus"
     target_dtype: str = "float32"
 
     REAL_SCALE_PARAMS = 200_000_000  # targets above this train from extracted features by default
@@ -81,7 +87,7 @@ class Eagle3Settings:
         4 x 256 tokens, ~6.5 s each: 1.25 passes over the data; 131,072 tokens seen 3 times gave a head
         still memorising, stop 38), a 32,768-token draft vocabulary."""
         base = dict(trainer=trainer, steps=320, batch_size=4, seq_len=256, lr=1e-3, feature_tokens=262144,
-                    draft_vocab_size=32768, target_dtype="bfloat16", eval_prompts=8, eval_new_tokens=48,
+                    draft_vocab_size=32768, target_dtype=fast_cpu_dtype(), eval_prompts=8, eval_new_tokens=48,
                     max_draft_len=3)
         return cls(**{**base, **{k: v for k, v in overrides.items() if v is not None}})
 
@@ -95,6 +101,13 @@ class Eagle3Settings:
 
     def key(self, target_id: str) -> str:
         return hash_json({**asdict(self), "target": target_id})[:16]
+
+
+def fast_cpu_dtype() -> str:
+    """The real-scale trainer's compute dtype: bfloat16 where the CPU has bf16 dot products
+    (AVX512-BF16 or AMX), else float32: without them torch converts every bf16 matmul, and a 1.5B
+    target reads ~19 tokens/s in bf16 against ~85 in fp32 (2-core Xeon without avx512_bf16)."""
+    return "bfloat16" if {"avx512_bf16", "amx_bf16"} & cpu_flags() else "float32"
 
 
 def target_params(target_dir: str | os.PathLike) -> int:
@@ -122,6 +135,10 @@ def eagle3_settings(target_dir: str | os.PathLike, scale: str = "auto", *, train
         scale = "real" if target_params(target_dir) > Eagle3Settings.REAL_SCALE_PARAMS else "tiny"
     if scale == "real":
         return Eagle3Settings.real_scale(trainer, **overrides)
+    if overrides.get("data") not in (None, "corpus"):
+        raise ModelError(f"--data {overrides['data']}: the target's continuations are the real-scale trainer's",
+                         fix="add --scale real (or leave the option out)")
+    overrides.pop("data", None)
     for name in ("feature_tokens", "draft_vocab_size"):
         if overrides.get(name) is not None:
             raise ModelError(f"--{name.replace('_', '-')} {overrides[name]}: extracted features and a draft vocabulary "
@@ -298,8 +315,9 @@ def ttt_loss_topk(head: Eagle3Head, feats: torch.Tensor, x: torch.Tensor, top_id
 
 def train_from_features(target: CausalLM, settings: Eagle3Settings, data, vocab,
                         progress: Progress | None = None) -> tuple[Eagle3Head, float]:
-    """Train on a :class:`~trtspec.checkpoints.eagle3_data.FeatureSet` (fp32 weights, bf16 autocast:
-    the CPU's bf16 matmuls run ~3x fp32's here); ``vocab`` a DraftVocab or None."""
+    """Train on a :class:`~trtspec.checkpoints.eagle3_data.FeatureSet` (fp32 weights; bf16 autocast
+    when ``target_dtype`` is bfloat16, i.e. the CPU has bf16 dot products: they run ~3x fp32's on
+    Zen 4); ``vocab`` a DraftVocab or None."""
     cfg = head_config_for(target, settings)
     head = Eagle3Head(cfg, target.model.embed_tokens, target.lm_head).float()
     init_head(head, settings.seed)
@@ -316,7 +334,7 @@ def train_from_features(target: CausalLM, settings: Eagle3Settings, data, vocab,
         for grp in opt.param_groups:
             grp["lr"] = _lr(step, settings.steps, settings.lr)
         pick = order[(torch.arange(settings.batch_size) + step * settings.batch_size) % data.windows]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.target_dtype == "bfloat16"):
             loss, accs = ttt_loss_topk(head, data.feats[pick].float(), data.ids[pick], data.top_ids[pick],
                                        data.top_logits[pick], to_draft, settings.ttt_steps, settings.loss_decay)
         loss.backward()
@@ -403,7 +421,8 @@ def step_accuracy(head: Eagle3Head, target: CausalLM, windows: torch.Tensor, ttt
         for w in windows.split(2):  # a 1.5B target: two windows at a time
             logits, hidden, _ = target(w, None, hidden_layers=head.aux_layers)
             top = logits.float().topk(32, -1)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=w.device.type == "cpu"):
+            bf16 = target.model.embed_tokens.weight.dtype == torch.bfloat16
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=w.device.type == "cpu" and bf16):
                 accs.append(ttt_loss_topk(head, torch.cat(hidden, -1), w, top.indices, top.values, draft_index(head),
                                           ttt_steps, 1.0)[1])
         return [round(sum(a) / len(a), 4) for a in zip(*accs)]
@@ -455,7 +474,17 @@ def _train_real_scale(tdir: pathlib.Path, target: CausalLM, target_id: str, sett
 
     cfg = head_config_for(target, settings)
     fs = FeatureSettings(tokens=settings.feature_tokens, seq_len=settings.seq_len, seed=settings.seed)
-    folder = feature_dir(target_id, cfg.aux_layers, target.model.embed_tokens.weight.dtype, fs)
+    cs = ContinuationSettings(seed=settings.seed) if settings.data == "continuations" else None
+    folder = feature_dir(target_id, cfg.aux_layers, target.model.embed_tokens.weight.dtype, fs, cs)
+    gen_s = 0.0
+    if cs is not None:
+        from transformers import AutoTokenizer  # heavy; only the continuations need the tokenizer object
+
+        t0 = time.perf_counter()
+        train_ids = generate_continuations(target, AutoTokenizer.from_pretrained(str(tdir)),
+                                           corpus_split(settings.heldout_every)[0], folder,
+                                           settings.feature_tokens + settings.seq_len + 1, cs, progress=progress)
+        gen_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     extract_features(target, train_ids, cfg.aux_layers, folder, fs, target_id=target_id, progress=progress)
     extract_s = time.perf_counter() - t0
@@ -464,8 +493,11 @@ def _train_real_scale(tdir: pathlib.Path, target: CausalLM, target_id: str, sett
     if cfg.vocab_cut:
         vocab = frequent_vocab(tdir, settings.draft_vocab_size, target.args.vocab_size, cfg=read_hf_config(tdir))
     head, train_s = train_from_features(target, settings, data, vocab, progress)
-    info = {"features": str(folder), "windows": data.windows, "tokens": data.windows * settings.seq_len,
-            "bytes": data.nbytes, "extract_s_this_run": round(extract_s, 1),
+    info = {"text": settings.data, "features": str(folder), "windows": data.windows,
+            "tokens": data.windows * settings.seq_len, "bytes": data.nbytes,
+            "generate_s_this_run": round(gen_s, 1) if cs is not None else None,
+            "continuations": asdict(cs) if cs is not None else None,
+            "extract_s_this_run": round(extract_s, 1),
             "draft_vocab_size": settings.draft_vocab_size,
             "draft_vocab_coverage": None if vocab is None else round(vocab.coverage, 4)}
     return head, train_s, info
@@ -496,6 +528,11 @@ def make_eagle3_head(
                             have["acceptance"]["acceptance_length"], have["acceptance"]["acceptance_rate"],
                             have["step_accuracy"], cached=True)
 
+    if settings.data not in DATA:
+        raise ModelError(f"data {settings.data!r} is not known", fix=f"use one of {', '.join(DATA)}")
+    if settings.data != "corpus" and settings.feature_tokens is None:
+        raise ModelError(f"data {settings.data!r}: the target's continuations are real-scale training data "
+                         "(extracted features)", fix="add --scale real, or use --data corpus")
     if settings.feature_tokens is not None and settings.trainer != "native":
         raise ModelError(f"feature_tokens {settings.feature_tokens}: training from extracted features is the native "
                          f"trainer's (got trainer {settings.trainer!r})", fix="use --trainer native")
@@ -515,7 +552,7 @@ def make_eagle3_head(
             if settings.feature_tokens is not None:
                 head, train_s, data_info = _train_real_scale(tdir, target, target_id, settings, train_ids, progress)
                 feature_norm = "standard"
-                save_head(head.to(getattr(torch, settings.target_dtype)), tmp, target_cfg=read_hf_config(tdir))
+                save_head(head.to(torch.bfloat16), tmp, target_cfg=read_hf_config(tdir))  # as published heads are
             elif settings.trainer == "native":
                 head, train_s = train_native(target, settings, train_ids, progress)
                 feature_norm = "standard"

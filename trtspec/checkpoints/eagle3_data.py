@@ -9,6 +9,12 @@ token, what the head learns from:
   (the label; the tail beyond the top 32 carries a negligible share of the probability and
   none of the greedy decisions acceptance pays on).
 
+The text is the stdlib corpus (``data="corpus"``) or the target's own greedy continuations of
+code prompts cut from the corpus's train split (``data="continuations"``, self-distillation: the
+head then learns from exactly the text it will draft at serving time, where every next token is
+the target's own choice). The continuations are generated once, in resumable shards, then read
+like the corpus.
+
 Shards of ``windows_per_shard`` windows are written atomically (``shard_00012.safetensors``), so
 an interrupted extraction resumes at the first missing shard; the folder is keyed by the target's
 content hash, the layers and these settings (``~/.cache/trtspec/eagle3_features/<key>/``).
@@ -25,7 +31,10 @@ from typing import Callable
 
 import torch
 
+from trtspec.corpus import code_request_prompts
 from trtspec.manifest import hash_json
+from trtspec.sampling import Sampling
+from trtspec.speculative.engine import Engine
 
 Progress = Callable[[str, int, int, dict], None]
 
@@ -47,14 +56,27 @@ class FeatureSettings:
         return -(-self.windows // self.windows_per_shard)
 
 
+@dataclass(frozen=True)
+class ContinuationSettings:
+    """The self-distillation text: greedy continuations of ``code_request_prompts`` (train split)."""
+
+    new_tokens: int = 160  # per prompt; generation stops earlier at the target's EOS
+    batch_size: int = 16  # prompts per generated shard (one engine batch)
+    min_chars: int = 80
+    max_chars: int = 600
+    seed: int = 0
+
+
 def cache_root() -> pathlib.Path:
     root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return pathlib.Path(root) / "trtspec" / "eagle3_features"
 
 
-def feature_dir(target_id: str, aux_layers: tuple[int, ...], dtype: torch.dtype, fs: FeatureSettings) -> pathlib.Path:
+def feature_dir(target_id: str, aux_layers: tuple[int, ...], dtype: torch.dtype, fs: FeatureSettings,
+                cs: ContinuationSettings | None = None) -> pathlib.Path:
+    extra = {} if cs is None else {"continuations": asdict(cs)}  # corpus keys stay what they were
     key = hash_json({"target": target_id, "aux": list(aux_layers), "dtype": str(dtype),
-                     **{k: v for k, v in asdict(fs).items() if k != "tokens"}})[:16]
+                     **{k: v for k, v in asdict(fs).items() if k != "tokens"}, **extra})[:16]
     return cache_root() / key  # tokens is not in the key: a larger budget extends the same windows
 
 
@@ -66,6 +88,56 @@ def window_starts(n_tokens: int, fs: FeatureSettings) -> list[int]:
         raise ValueError(f"the corpus has {n_tokens} tokens, fewer than one window of {fs.seq_len}")
     order = torch.randperm(slots, generator=torch.Generator().manual_seed(fs.seed)).tolist()
     return [i * fs.seq_len for i in order[: fs.windows]]
+
+
+@torch.inference_mode()
+def generate_continuations(target, tokenizer, train_texts: list[str], folder: pathlib.Path, need_tokens: int,
+                           cs: ContinuationSettings, *, progress: Progress | None = None) -> torch.Tensor:
+    """A token stream of at least ``need_tokens``: prompt, the target's greedy continuation, EOS,
+    prompt, … Generated in shards of ``cs.batch_size`` prompts (``gen_00003.safetensors``, written
+    atomically, so an interrupted run resumes at the first missing shard; a larger need adds shards)."""
+    from safetensors.torch import load_file, save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    eos = target.args.eos_token_id
+    # all prompts are cut once, in a seeded order: shard i is always prompts[i*B:(i+1)*B]
+    prompts: list[str] | None = None
+    engine = None
+    parts: list[torch.Tensor] = []
+    have, i, t0, made = 0, 0, time.perf_counter(), 0
+    while have < need_tokens:
+        path = folder / f"gen_{i:05d}.safetensors"
+        if not path.is_file():
+            if prompts is None:
+                prompts = code_request_prompts(train_texts, 100_000, seed=cs.seed, min_chars=cs.min_chars,
+                                               max_chars=cs.max_chars)
+            chunk = prompts[i * cs.batch_size : (i + 1) * cs.batch_size]
+            if not chunk:
+                raise ValueError(f"the corpus gives {len(prompts)} code prompts, too few for {need_tokens} tokens")
+            ids = [enc.ids for enc in tokenizer.backend_tokenizer.encode_batch(chunk, add_special_tokens=False)]
+            if engine is None:
+                engine = Engine(target, None, max_batch_size=cs.batch_size,
+                                max_seq_len=max(len(x) for x in ids) + cs.new_tokens + 512)
+            gens = engine.generate(ids, Sampling(max_tokens=cs.new_tokens))
+            stream: list[int] = []
+            for p, g in zip(ids, gens):
+                out = list(g.token_ids)
+                stream += p + out + ([] if out and out[-1] == eos else [eos])
+            tmp = path.with_suffix(f".tmp{os.getpid()}")
+            save_file({"ids": torch.tensor(stream, dtype=torch.int32)}, str(tmp))
+            os.replace(tmp, path)
+            made += 1
+        part = load_file(str(path))["ids"].long()
+        parts.append(part)
+        have += part.numel()
+        i += 1
+        if progress and made:
+            el = time.perf_counter() - t0
+            rate = made * cs.batch_size / el  # prompts/s this run
+            left = max(need_tokens - have, 0) / max(have / i, 1) * cs.batch_size
+            progress("continuations", min(have, need_tokens), need_tokens,
+                     {"prompts_s": rate, "eta_s": left / rate if rate else 0.0})
+    return torch.cat(parts)
 
 
 @torch.inference_mode()

@@ -16,10 +16,12 @@ from trtspec.cli.common import StepProgress, err, handle_errors, out
 def _training_progress(prog: StepProgress):
     """The trainers' ``(phase, step, total, metrics)`` callback drawn as one bar per phase (loss shown)."""
     def progress(phase: str, step: int, total: int, metrics: dict) -> None:
-        label = phase if phase in ("tokenizer", "evaluate", "features") else f"train {phase}"
+        label = phase if phase in ("tokenizer", "evaluate", "features", "continuations") else f"train {phase}"
         note = f"loss {metrics['loss']:.3f}" if "loss" in metrics else ""
         if "tok_s" in metrics:
             note = f"{metrics['tok_s']:.0f} tokens/s"
+        if "prompts_s" in metrics:
+            note = f"{metrics['prompts_s'] * 60:.1f} prompts/min"
         prog.update(label, step, total, note=note)
     return progress
 
@@ -112,12 +114,16 @@ def models_qwen(out_dir: str, dtype: str, cache_dir: str | None, force: bool, as
 @click.option("--draft-vocab-size", type=click.IntRange(64), default=None,
               help="EAGLE-3 draft vocabulary (the most frequent corpus tokens; d2t/t2d) [default: 32768 at real scale, "
                    "the target's at tiny].")
+@click.option("--data", type=click.Choice(["corpus", "continuations"]), default=None,
+              help="Real scale: the text features are extracted over. corpus: stdlib windows; continuations: the "
+                   "target's own greedy continuations of code prompts from the corpus's train split "
+                   "(self-distillation; generated once, cached, resumable) [default: corpus].")
 @click.option("--force", is_flag=True, help="Retrain even if a cached head with the same settings exists.")
 @click.option("--json", "as_json", is_flag=True)
 @handle_errors
 def models_eagle3(target_dir: str, out_dir: str, steps: int | None, trainer: str, seed: int, threads: int,
-                  scale: str, feature_tokens: int | None, draft_vocab_size: int | None, force: bool,
-                  as_json: bool) -> None:
+                  scale: str, feature_tokens: int | None, draft_vocab_size: int | None, data: str | None,
+                  force: bool, as_json: bool) -> None:
     """Train an EAGLE-3 head for a target and export it in ModelOpt's layout.
 
     The folder (LlamaForCausalLMEagle3: fc, layers.0.*, norm, lm_head) is what the torch runtime
@@ -126,7 +132,7 @@ def models_eagle3(target_dir: str, out_dir: str, steps: int | None, trainer: str
     """
     out_dir = out_dir or eagle3_out(target_dir)
     settings = eagle3_settings(target_dir, scale, trainer=trainer, seed=seed, steps=steps, threads=threads,
-                               feature_tokens=feature_tokens, draft_vocab_size=draft_vocab_size)
+                               feature_tokens=feature_tokens, draft_vocab_size=draft_vocab_size, data=data)
     with StepProgress() as prog:
         res = make_eagle3_head(target_dir, out_dir, settings, force=force, progress=_training_progress(prog))
     summary = {"head": str(res.head_dir), "trainer": res.trainer, "params": res.params, "train_s": round(res.train_s, 1),
