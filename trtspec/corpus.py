@@ -6,6 +6,7 @@ calibration and the TRT-LLM calibration script all read it.
 from __future__ import annotations
 
 import pathlib
+import random
 import re
 import sysconfig
 
@@ -36,8 +37,6 @@ def code_request_prompts(texts: list[str], n: int, *, seed: int = 0, min_chars: 
     then a ``def``/``class`` line and its docstring, ending where the body begins (the model writes
     the body). Deterministic for a seed; every prompt ends with a newline. For the EAGLE-3 head's
     self-distillation data (the target's own continuations), so cut from the *train* split."""
-    import random
-
     cuts: list[tuple[int, int]] = []
     for fi, text in enumerate(texts):
         for m in _DOC_END.finditer(text):

@@ -32,6 +32,7 @@ from typing import Callable
 import torch
 
 from trtspec.corpus import code_request_prompts
+from trtspec.errors import ModelError
 from trtspec.manifest import hash_json
 from trtspec.sampling import Sampling
 from trtspec.speculative.engine import Engine
@@ -113,11 +114,12 @@ def generate_continuations(target, tokenizer, train_texts: list[str], folder: pa
                                                max_chars=cs.max_chars)
             chunk = prompts[i * cs.batch_size : (i + 1) * cs.batch_size]
             if not chunk:
-                raise ValueError(f"the corpus gives {len(prompts)} code prompts, too few for {need_tokens} tokens")
+                raise ModelError(f"feature_tokens: the corpus gives {len(prompts)} code prompts, too few for "
+                                 f"{need_tokens} tokens of continuations", fix="lower --feature-tokens, or use --data corpus")
             ids = [enc.ids for enc in tokenizer.backend_tokenizer.encode_batch(chunk, add_special_tokens=False)]
-            if engine is None:
-                engine = Engine(target, None, max_batch_size=cs.batch_size,
-                                max_seq_len=max(len(x) for x in ids) + cs.new_tokens + 512)
+            longest = max(len(x) for x in ids) + cs.new_tokens + 8
+            if engine is None or engine.max_seq_len < longest:  # a longer batch than any before: a larger cache
+                engine = Engine(target, None, max_batch_size=cs.batch_size, max_seq_len=max(longest, 1024))
             gens = engine.generate(ids, Sampling(max_tokens=cs.new_tokens))
             stream: list[int] = []
             for p, g in zip(ids, gens):
