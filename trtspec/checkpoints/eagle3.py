@@ -417,10 +417,10 @@ def step_accuracy(head: Eagle3Head, target: CausalLM, windows: torch.Tensor, ttt
     head: among positions whose target token is inside its vocabulary)."""
     if head.cfg.vocab_cut:
         accs: list[list[float]] = []
+        bf16 = target.model.embed_tokens.weight.dtype == torch.bfloat16
         for w in windows.split(2):  # a 1.5B target: two windows at a time
             logits, hidden, _ = target(w, None, hidden_layers=head.aux_layers)
             top = logits.float().topk(32, -1)
-            bf16 = target.model.embed_tokens.weight.dtype == torch.bfloat16
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=w.device.type == "cpu" and bf16):
                 accs.append(ttt_loss_topk(head, torch.cat(hidden, -1), w, top.indices, top.values, draft_index(head),
                                           ttt_steps, 1.0)[1])

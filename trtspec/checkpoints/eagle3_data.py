@@ -125,11 +125,14 @@ def generate_continuations(target, tokenizer, train_texts: list[str], folder: pa
             for p, g in zip(ids, gens):
                 out = list(g.token_ids)
                 stream += p + out + ([] if out and out[-1] == eos else [eos])
+            part = torch.tensor(stream, dtype=torch.int32)
             tmp = path.with_suffix(f".tmp{os.getpid()}")
-            save_file({"ids": torch.tensor(stream, dtype=torch.int32)}, str(tmp))
+            save_file({"ids": part}, str(tmp))
             os.replace(tmp, path)
             made += 1
-        part = load_file(str(path))["ids"].long()
+        else:
+            part = load_file(str(path))["ids"]
+        part = part.long()
         parts.append(part)
         have += part.numel()
         i += 1
