@@ -3,8 +3,10 @@ INT8 per row, against the dequantized matmul they stand for; every row's bits in
 rows beside it (what runtime.batch_invariant relies on); the layers use them, and fall back to
 torch's kernels, with the reason, where they cannot run.
 
-Skipped, with the reason, on a CPU without AVX512-BF16 or where the kernels do not build (the
-layers then run torch's kernels, which tests/unit/test_batch_invariance.py also covers).
+Two builds (kernels.variant): bf16 on an AVX512-BF16 CPU, fma on any other AVX512 CPU; on a bf16
+CPU the matmul tests run both (TRTSPEC_CPU_KERNELS=trtspec-fma). Skipped, with the reason, on a CPU
+without AVX512 or where the kernels do not build (the layers then run torch's kernels, which
+tests/unit/test_batch_invariance.py also covers).
 """
 
 from __future__ import annotations
@@ -36,6 +38,27 @@ def _ext():
     return ext
 
 
+@pytest.fixture(params=["trtspec", "trtspec-fma"])
+def each_build(request, kernel_choice):
+    """The kernel module of each build this CPU can run: the best one, then the fma one (the same
+    build on a CPU without AVX512-BF16: skipped there as a repeat)."""
+    if request.param == "trtspec-fma":
+        if kernels.variant() != "bf16":
+            pytest.skip("the best build here is the fma one: tested as trtspec")
+        kernel_choice(TRTSPEC_CPU_KERNELS="trtspec-fma")
+    else:
+        kernel_choice()
+    ext = _ext()
+    assert ext.variant == ("fma" if request.param == "trtspec-fma" else kernels.variant())
+    return ext
+
+
+def test_the_build_follows_the_cpu_flags():
+    assert kernels.variant(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_bf16", "fma"})) == "bf16"
+    assert kernels.variant(frozenset({"avx512f", "avx512bw", "avx512vl", "avx512_vnni", "fma"})) == "fma"
+    assert kernels.variant(frozenset({"avx2", "fma"})) is None
+
+
 def _reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
     n, k = q.shape
     w = (q.double().view(n, k // group, group) * scales.double()[..., None]).view(n, k)
@@ -44,8 +67,8 @@ def _reference(x: torch.Tensor, q: torch.Tensor, scales: torch.Tensor, group: in
 
 @pytest.mark.parametrize("bits,group", [(4, 128), (4, 64), (8, None)])
 @pytest.mark.parametrize("n,k", [(64, 256), (36, 896), (128, 1536)])
-def test_matches_the_dequantized_matmul(bits, group, n, k):
-    ext = _ext()
+def test_matches_the_dequantized_matmul(each_build, bits, group, n, k):
+    ext = each_build
     torch.manual_seed(n + k + bits)
     lo, hi = (-8, 8) if bits == 4 else (-128, 128)  # INT8: every byte value, -128 included
     q = torch.randint(lo, hi, (n, k), dtype=torch.int8)
@@ -62,18 +85,20 @@ def test_matches_the_dequantized_matmul(bits, group, n, k):
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-def test_each_row_is_the_same_bits_in_any_batch(bits):
-    ext = _ext()
+def test_each_row_is_the_same_bits_in_any_batch(each_build, bits):
+    ext = each_build
     torch.manual_seed(bits)
     n, k, group = 96, 512, 128 if bits == 4 else 512
     q = torch.randint(-8, 8, (n, k), dtype=torch.int8) if bits == 4 else torch.randint(-127, 128, (n, k), dtype=torch.int8)
     packed, scales = ext.pack(q, bits), torch.rand(n, k // group)
-    x = torch.randn(9, k).to(torch.bfloat16)  # 9 rows: tiles of 4, 4 and 1
+    # 37 rows: the bf16 build goes 4 rows at a time; the fma build too, with the weights unpacked in
+    # registers, up to 31 rows, and from 32 rows (a prefill) from a tile unpacked once
+    x = torch.randn(37, k).to(torch.bfloat16)
     full = ext.mm(x, packed, scales, group, bits)
-    for m in range(1, 10):
+    for m in [*range(1, 10), 15, 16, 17, 31, 32, 33, 36, 37]:
         part = ext.mm(x[:m], packed, scales, group, bits)
         assert torch.equal(part, full[:m]), f"{m} rows"
-    for i in range(9):
+    for i in range(37):
         assert torch.equal(ext.mm(x[i : i + 1], packed, scales, group, bits), full[i : i + 1]), f"row {i} alone"
 
 
@@ -114,7 +139,7 @@ def test_built_once_then_imported_from_the_cache(kernel_choice, tmp_path):
     """Another process (or this one after a reset) imports the build from the cache folder, without
     the compiler: a bogus CXX does not matter once it is built."""
     _ext()
-    built = list(kernels.cache_dir().glob("wo_cpu-*/trtspec_wo_cpu.so"))
+    built = list(kernels.cache_dir().glob(f"wo_cpu-{kernels.variant()}-*/trtspec_wo_cpu*.so"))
     assert built, kernels.cache_dir()
     kernel_choice(CXX="no-such-compiler-xyz")
     assert kernels.wo_cpu() is not None
@@ -122,8 +147,8 @@ def test_built_once_then_imported_from_the_cache(kernel_choice, tmp_path):
 
 def test_falls_back_with_the_reason(kernel_choice, tmp_path):
     kernel_choice(CXX="no-such-compiler-xyz", TRTSPEC_KERNEL_CACHE=str(tmp_path))  # nothing built there
-    if "avx512_bf16" not in kernels.cpu_flags():
-        assert "no avx512_bf16" in kernels.wo_cpu_status()
+    if kernels.variant() is None:
+        assert "no AVX512" in kernels.wo_cpu_status()
     else:
         assert kernels.wo_cpu() is None and "no C++ compiler" in kernels.wo_cpu_status()
     x = torch.randn(2, 256).to(torch.bfloat16)
@@ -131,7 +156,7 @@ def test_falls_back_with_the_reason(kernel_choice, tmp_path):
         assert lin(x).shape == (2, 64)
         assert not lin.packed or lin.packed[0] is None
     kernel_choice(TRTSPEC_CPU_KERNELS="fast")
-    assert "is not one of trtspec, torch" in kernels.wo_cpu_status()
+    assert "is not one of trtspec, trtspec-fma, torch" in kernels.wo_cpu_status()
 
 
 @pytest.mark.parametrize("bits", [4, 8])

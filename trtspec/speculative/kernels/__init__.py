@@ -4,12 +4,15 @@ g++ and ninja; about 30 s once, then cached: :func:`cache_dir`).
 Built once per source, flags, torch and Python into :func:`cache_dir` and imported from there.
 One source today, ``wo_cpu.cpp``: the INT4 and INT8 weight-only matmuls that
 :class:`~trtspec.speculative.model.Int4Linear` and :class:`~trtspec.speculative.model.Int8Linear`
-run on an AVX512-BF16 CPU (why, and how: the file's head), and ``layer_step``, a whole decoder
-layer on them in one call (``CausalLM.kernel_layers``). Where the CPU lacks ``avx512_bf16``,
-the compiler or ninja is missing, or ``TRTSPEC_CPU_KERNELS=torch`` is set, the layers use torch's
-own ``aten._weight_int4pack_mm_for_cpu`` / ``aten._weight_int8pack_mm``, and
-:func:`wo_cpu_status` says why.
-Both are row-invariant; they differ from each other in the last bits, so a deployment's plain and
+run on an AVX512 CPU (why, and how: the file's head), and ``layer_step``, a whole decoder layer on
+them in one call (``CausalLM.kernel_layers``). It is built in one of two variants, chosen by the
+CPU's flags (:func:`variant`): ``bf16`` where the CPU has ``avx512_bf16`` (bf16 dot products),
+``fma`` on any other AVX512 CPU (fp32 FMAs; Skylake-SP to Ice Lake Xeons). Where the CPU has no
+AVX512, the compiler or ninja is missing, or ``TRTSPEC_CPU_KERNELS=torch`` is set, the layers use
+torch's own ``aten._weight_int4pack_mm_for_cpu`` / ``aten._weight_int8pack_mm``, and
+:func:`wo_cpu_status` says why. ``TRTSPEC_CPU_KERNELS=trtspec-fma`` takes the ``fma`` variant on
+a bf16 CPU too (an A/B switch; the tests use it).
+All are row-invariant; they differ from each other in the last bits, so a deployment's plain and
 speculative decoding must (and do: one process, one choice) run on the same one.
 """
 
@@ -29,10 +32,15 @@ import sys
 log = logging.getLogger(__name__)
 
 _SOURCE = pathlib.Path(__file__).with_name("wo_cpu.cpp")
-_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-fopenmp"]
+_FLAGS = {  # per variant (see variant)
+    "bf16": ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16", "-mfma", "-fopenmp", "-DTRTSPEC_DPBF16"],
+    "fma": ["-O3", "-mavx512f", "-mfma", "-fopenmp"],
+}
 _NAME = "trtspec_wo_cpu"
 CACHE_ENV = "TRTSPEC_KERNEL_CACHE"
-ENV = "TRTSPEC_CPU_KERNELS"  # "torch": always torch's kernels (an A/B switch); unset or "trtspec": ours where they run
+ENV = "TRTSPEC_CPU_KERNELS"  # unset or "trtspec": ours where they run; "trtspec-fma": our fma variant even on a
+# bf16 CPU; "torch": always torch's kernels (the A/B switches)
+CHOICES = ("trtspec", "trtspec-fma", "torch")
 
 
 def cpu_flags() -> frozenset[str]:
@@ -54,18 +62,34 @@ def cache_dir() -> pathlib.Path:
     return pathlib.Path(os.environ.get("XDG_CACHE_HOME") or pathlib.Path.home() / ".cache") / "trtspec" / "kernels"
 
 
-def _build_key(torch_version: str) -> str:
+def variant(flags: frozenset[str] | None = None) -> str | None:
+    """Which build of wo_cpu.cpp this CPU runs: ``bf16`` (``avx512_bf16``: bf16 dot products),
+    ``fma`` (``avx512f`` without them: fp32 FMAs), or None (no AVX512: torch's kernels)."""
+    flags = cpu_flags() if flags is None else flags
+    if {"avx512_bf16", "avx512f", "avx512bw", "avx512vl"} <= flags:
+        return "bf16"
+    if "avx512f" in flags:
+        return "fma"
+    return None
+
+
+def _build_key(torch_version: str, kind: str) -> str:
     """What the built library depends on: the source, the flags, torch, Python and the machine."""
     h = hashlib.sha256(_SOURCE.read_bytes())
-    for part in (*_FLAGS, torch_version, sys.version, platform.machine()):
+    for part in (*_FLAGS[kind], torch_version, sys.version, platform.machine()):
         h.update(part.encode() + b"\0")
     return h.hexdigest()[:16]
 
 
 def _import(path: pathlib.Path):
-    spec = importlib.util.spec_from_file_location(_NAME, path)
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def _tagged(module, kind: str):
+    module.variant = kind  # which build (bf16 or fma), for reports
     return module
 
 
@@ -78,30 +102,34 @@ def _load():
     own JIT cache rebuilt (30 s) whenever a process with another ninja on its PATH loaded it (a
     shell, then each served engine worker). One process builds while the others wait on a lock."""
     choice = os.environ.get(ENV, "trtspec")
-    if choice not in ("trtspec", "torch"):
-        return None, f"{ENV}={choice!r} is not one of trtspec, torch (using torch's kernels)"
+    if choice not in CHOICES:
+        return None, f"{ENV}={choice!r} is not one of {', '.join(CHOICES)} (using torch's kernels)"
     if choice == "torch":
         return None, f"{ENV}=torch"
-    if "avx512_bf16" not in cpu_flags():
-        return None, "this CPU has no avx512_bf16"
+    kind = variant()
+    if kind is None:
+        return None, "this CPU has no AVX512 (avx512f)"
+    if choice == "trtspec-fma":
+        kind = "fma"
+    name = _NAME if kind == "bf16" else f"{_NAME}_{kind}"
     try:
         import torch  # lazy: the kernels are torch extensions; this module is read without torch (trtspec check)
 
-        folder = cache_dir() / f"wo_cpu-{_build_key(torch.__version__)}"
-        built = folder / f"{_NAME}.so"
+        folder = cache_dir() / f"wo_cpu-{kind}-{_build_key(torch.__version__, kind)}"
+        built = folder / f"{name}.so"
         if built.is_file():
-            return _import(built), None
+            return _tagged(_import(built), kind), None
         if shutil.which(os.environ.get("CXX", "c++")) is None:
             return None, "no C++ compiler (c++) on PATH"
         folder.mkdir(parents=True, exist_ok=True)
         with open(folder / ".lock", "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if built.is_file():  # another process built it while this one waited
-                return _import(built), None
+                return _tagged(_import(built), kind), None
             from torch.utils.cpp_extension import load
-            module = load(name=_NAME, sources=[str(_SOURCE)], extra_cflags=_FLAGS, extra_ldflags=["-fopenmp"],
-                          build_directory=str(folder), verbose=False)
-            return module, None
+            module = load(name=name, sources=[str(_SOURCE)], extra_cflags=_FLAGS[kind],
+                          extra_ldflags=["-fopenmp"], build_directory=str(folder), verbose=False)
+            return _tagged(module, kind), None
     except Exception as e:  # a failed build falls back, once, with the compiler's reason in the log
         why = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         log.warning("trtspec's CPU weight-only kernels did not build (%s); INT4/INT8 layers use torch's", why)
@@ -155,5 +183,8 @@ def wo_cpu_status(*, if_used: bool = False) -> str | None:
         return None
     module, why = _load()
     if module is not None:
-        return "trtspec wo_cpu (AVX512-BF16; decode/verify passes one call per decoder layer)"
+        how = ("AVX512-BF16 dot products" if module.variant == "bf16"
+               else "AVX512 fp32 FMAs: this CPU has no avx512_bf16" if variant() == "fma"
+               else f"AVX512 fp32 FMAs: {ENV}=trtspec-fma")
+        return f"trtspec wo_cpu, {module.variant} ({how}; decode/verify passes one call per decoder layer)"
     return f"torch's aten._weight_int4pack_mm_for_cpu / _weight_int8pack_mm ({why})"

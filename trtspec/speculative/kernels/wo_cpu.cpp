@@ -1,4 +1,9 @@
-// trtspec's CPU weight-only matmuls for AVX512-BF16 CPUs (AMD Zen 4+, Intel Sapphire Rapids+):
+// trtspec's CPU weight-only matmuls for AVX512 CPUs, built in one of two variants from this file:
+//   bf16 (TRTSPEC_DPBF16 defined, -mavx512bf16): CPUs with AVX512-BF16 dot products (AMD Zen 4+, Intel
+//        Cooper Lake, Sapphire Rapids+);
+//   fma  (plain AVX512F/BW): every other AVX512 CPU (Intel Skylake-SP, Cascade Lake, Ice Lake: most of the
+//        x86 cloud fleet), where bf16 products would be emulated.
+// The formats:
 //   INT4 (W4A16): symmetric INT4 weights in blocks of `group` input channels, one scale per block
 //                 (ModelOpt int4_wo / int4_awq), bf16 activations;
 //   INT8 (W8A16): symmetric INT8 weights, one scale per output channel (ModelOpt int8_wo).
@@ -6,19 +11,24 @@
 // Why not torch's aten::_weight_int4pack_mm_for_cpu / _weight_int8pack_mm: they turn each weight
 // into fp32 and multiply with FMAs, which makes a decode step compute-bound on a small CPU (2 cores:
 // ~15-18 GB/s of weights against ~28 GB/s of memory bandwidth), and a verify pass over 3 tokens
-// costs 1.5x a one-token step, which is most of what speculation has to win back.
-// Here a table lookup (vpermw) turns 32 4-bit fields into 32 exact bf16 values in one instruction,
-// and one vdpbf16ps multiplies them with 32 bf16 activations:
+// costs 1.5x a one-token step (2x over 4 tokens on a 2-core Xeon without AVX512-BF16), which is most
+// of what speculation has to win back.
+// bf16 variant: a table lookup (vpermw) turns 32 4-bit fields into 32 exact bf16 values in one
+// instruction, and one vdpbf16ps multiplies them with 32 bf16 activations:
 //   INT4: the field is the weight (q + 8 -> q);
 //   INT8: a weight is 16 * (its high nibble, signed) + (its low nibble), two lookups and two dot
 //         products, each exact (bf16 holds every integer up to 256).
-// A step then reads weights at close to memory speed, and a tile's weights, unpacked once, serve up
-// to 4 token rows while they sit in cache.
+// fma variant: the activations are widened to fp32 once per call; a weight becomes fp32 already
+// multiplied by its block's scale (INT4: one vpermps from a 16-entry table of q * scale, made once per
+// block; INT8: widen, convert, multiply), and one fp32 FMA per 16 weights and token row adds it in.
+// Either way a step reads weights at close to memory speed, and a tile's weights, unpacked once,
+// serve up to 4 token rows while they sit in cache.
 //
 // Batch invariance: every output y[m, n] is computed by the same instructions in the same order
 // whatever the number of token rows M and whichever tile or thread holds it (16 fp32 lanes per
 // block, scaled per block into 16 running lanes, one horizontal sum at the end), so a verify pass
-// over K+1 tokens gives, bit for bit, what K+1 one-token steps give.
+// over K+1 tokens gives, bit for bit, what K+1 one-token steps give. The two variants differ from
+// each other in the last bits (they sum in different orders); one process uses one.
 //
 // Packed layout (pack): uint8 [N/4, K/64, 4, B] with B = 32 (INT4) or 64 (INT8) bytes: the 4
 // output rows of a tile, 64 input channels at a time, so a tile's weights are one contiguous run.
@@ -51,6 +61,26 @@ __m512i table(float (*value)(int)) {
   return _mm512_load_si512(t);
 }
 
+inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact)
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+inline __m256i to_bf16(__m512 v) {  // fp32 -> bf16, round to nearest even
+#ifdef TRTSPEC_DPBF16
+  return (__m256i)_mm512_cvtneps_pbh(v);
+#else  // what c10::BFloat16 does: add 0x7fff plus the kept part's lowest bit, truncate; NaN -> 0x7fc0
+  const __m512i b = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_srli_epi32(_mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7fff))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), _mm512_set1_epi32(0x7fc0));
+  return _mm512_cvtepi32_epi16(r);
+#endif
+}
+inline void store16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, to_bf16(v)); }
+inline __m512 rnd(__m512 v) {  // fp32 rounded to bf16 and back: what a bf16 torch op stores between ops
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
+}
+
+#ifdef TRTSPEC_DPBF16
 template <int M, int BITS>
 inline void tile(const uint8_t* __restrict W, const float* __restrict S, const uint16_t* __restrict X,
                  int64_t K, int64_t group, int64_t n0, int64_t N, at::BFloat16* __restrict Y, __m512i lut_lo,
@@ -109,6 +139,109 @@ inline void tile(const uint8_t* __restrict W, const float* __restrict S, const u
     for (int r = 0; r < R; ++r) Y[m * N + n0 + r] = at::BFloat16(_mm512_reduce_add_ps(tot[m][r]));  // RNE
 }
 
+#else
+// fma variant: X is fp32 [M, K] (widened once per call). Every output is one chain of FMAs over its
+// input channels in ascending order, 16 lanes at a time, with the weights already scaled (INT4: the
+// 16-entry table of q * scale, made per block; INT8: q * scale), then one horizontal sum: the same
+// order whichever of the two loops below computes it, so any M gives every row the same bits.
+
+// 64 weights of one output row (channels k0 .. k0 + 63, a row's B bytes at wb) in fp32, scaled
+template <int BITS>
+inline void weights64(const uint8_t* wb, __m512 s, __m512 w[4]) {
+  if constexpr (BITS == 4) {
+    const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)wb));
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(wb + 16)));
+    w[0] = _mm512_permutexvar_ps(a, s);  // vpermps reads the low 4 bits: the low nibble
+    w[1] = _mm512_permutexvar_ps(b, s);
+    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(a, 4), s);
+    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), s);
+  } else {
+    for (int c = 0; c < 4; ++c)
+      w[c] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wb + 16 * c)))), s);
+  }
+}
+
+// the block's scale for each of the tile's rows: INT4 as the table of q * scale, INT8 as the scale
+template <int BITS>
+inline void block_scales(const float* S, int64_t groups, int64_t g, int64_t n0, __m512 lut, __m512 s[R]) {
+  for (int r = 0; r < R; ++r) {
+    const __m512 sr = _mm512_set1_ps(S[(n0 + r) * groups + g]);
+    s[r] = BITS == 4 ? _mm512_mul_ps(lut, sr) : sr;
+  }
+}
+
+// up to 4 token rows: the weights unpacked in registers, used by every row
+template <int M, int BITS>
+inline void tile(const uint8_t* __restrict W, const float* __restrict S, const float* __restrict X,
+                 int64_t K, int64_t group, int64_t n0, int64_t N, at::BFloat16* __restrict Y, __m512 lut) {
+  constexpr int B = BITS == 4 ? 32 : 64;  // bytes per row per 64 input channels
+  const int64_t groups = K / group;
+  __m512 acc[M][R];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 s[R];
+    block_scales<BITS>(S, groups, g, n0, lut, s);
+    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += 64) {
+      const uint8_t* wb = W + (k0 / 64) * (R * B);
+      _mm_prefetch((const char*)(wb + 2048), _MM_HINT_T0);
+      _mm_prefetch((const char*)(wb + 2048 + 64), _MM_HINT_T0);
+      if constexpr (BITS == 8) {
+        _mm_prefetch((const char*)(wb + 2048 + 128), _MM_HINT_T0);
+        _mm_prefetch((const char*)(wb + 2048 + 192), _MM_HINT_T0);
+      }
+      for (int r = 0; r < R; ++r) {
+        __m512 w[4];
+        weights64<BITS>(wb + r * B, s[r], w);
+        for (int m = 0; m < M; ++m)
+          for (int c = 0; c < 4; ++c)
+            acc[m][r] = _mm512_fmadd_ps(w[c], _mm512_loadu_ps(X + m * K + k0 + 16 * c), acc[m][r]);
+      }
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) Y[m * N + n0 + r] = at::BFloat16(_mm512_reduce_add_ps(acc[m][r]));  // RNE
+}
+
+// more token rows (a prefill, a wide verify pass): the tile's weights unpacked once into Wf [R, K]
+// (fp32, scaled: the values tile() computes), then 4 token rows at a time against the tile's 4 output
+// rows: 8 loads per 16 FMAs, no unpacking on the FMA ports
+template <int BITS>
+inline void unpack_tile(const uint8_t* __restrict W, const float* __restrict S, int64_t K, int64_t group, int64_t n0,
+                        __m512 lut, float* __restrict Wf) {
+  constexpr int B = BITS == 4 ? 32 : 64;
+  const int64_t groups = K / group;
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512 s[R];
+    block_scales<BITS>(S, groups, g, n0, lut, s);
+    for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += 64)
+      for (int r = 0; r < R; ++r) {
+        __m512 w[4];
+        weights64<BITS>(W + (k0 / 64) * (R * B) + r * B, s[r], w);
+        for (int c = 0; c < 4; ++c) _mm512_storeu_ps(Wf + r * K + k0 + 16 * c, w[c]);
+      }
+  }
+}
+
+template <int M>
+inline void tile_unpacked(const float* __restrict Wf, const float* __restrict X, int64_t K, int64_t n0, int64_t N,
+                          at::BFloat16* __restrict Y) {
+  __m512 acc[M][R];
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) acc[m][r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    __m512 w[R];
+    for (int r = 0; r < R; ++r) w[r] = _mm512_loadu_ps(Wf + r * K + k);
+    for (int m = 0; m < M; ++m) {
+      const __m512 x = _mm512_loadu_ps(X + m * K + k);
+      for (int r = 0; r < R; ++r) acc[m][r] = _mm512_fmadd_ps(w[r], x, acc[m][r]);
+    }
+  }
+  for (int m = 0; m < M; ++m)
+    for (int r = 0; r < R; ++r) Y[m * N + n0 + r] = at::BFloat16(_mm512_reduce_add_ps(acc[m][r]));  // RNE
+}
+#endif
+
 float int4_value(int u) { return float(u - 8); }       // INT4: the field is q + 8
 float low_nibble(int u) { return float(u); }           // INT8: the low nibble, unsigned
 float high_nibble(int u) { return float(16 * (u < 8 ? u : u - 16)); }  // INT8: 16 x the high nibble, signed
@@ -116,10 +249,12 @@ float high_nibble(int u) { return float(16 * (u < 8 ? u : u - 16)); }  // INT8: 
 // all M token rows; each tile's weights come from memory once, token rows go four at a time (the
 // tile's bytes stay in cache for the next four), every row gets the same instructions
 template <int BITS>
-void rows(const uint8_t* W, const float* S, const uint16_t* X, int64_t M, int64_t K, int64_t group, int64_t N,
+void rows(const uint8_t* W, const float* S, const uint16_t* X16, int64_t M, int64_t K, int64_t group, int64_t N,
           at::BFloat16* Y) {
-  const __m512i lut_lo = table(BITS == 4 ? int4_value : low_nibble), lut_hi = table(high_nibble);
   const int64_t tile_bytes = R * K * BITS / 8;
+#ifdef TRTSPEC_DPBF16
+  const __m512i lut_lo = table(BITS == 4 ? int4_value : low_nibble), lut_hi = table(high_nibble);
+  const uint16_t* X = X16;
   at::parallel_for(0, N / R, 8, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const uint8_t* Wt = W + t * tile_bytes;
@@ -135,6 +270,49 @@ void rows(const uint8_t* W, const float* S, const uint16_t* X, int64_t M, int64_
       }
     }
   });
+#else
+  alignas(64) float t16[16];
+  for (int i = 0; i < 16; ++i) t16[i] = int4_value(i);
+  const __m512 lut = _mm512_load_ps(t16);
+  std::vector<float> Xf(M * K);  // the activations in fp32, once (exact)
+  for (int64_t i = 0; i < M * K; i += 16) _mm512_storeu_ps(Xf.data() + i, load16(X16 + i));
+  const float* X = Xf.data();
+  // up to UNPACK - 1 rows (decode, verify): 4 token rows at a time with the weights unpacked in registers
+  // (tile). From UNPACK rows (a prefill): each tile unpacked once (unpack_tile, tile_unpacked), the token
+  // rows in blocks whose fp32 activations stay in L2 (<= 1 MiB), each block against every tile of
+  // this thread's share. Measured on a 2-core Xeon: 5-16 rows ran slower unpacked (the tile's
+  // stores and loads cost more than the unpacking they save), 32 and more faster.
+  constexpr int64_t UNPACK = 32;
+  const int64_t block = M < UNPACK ? M : std::max<int64_t>(4, ((1 << 20) / (4 * K)) / 4 * 4);
+  at::parallel_for(0, N / R, 8, [&](int64_t begin, int64_t end) {
+    std::vector<float> Wf(M >= UNPACK ? R * K : 0);
+    for (int64_t m0 = 0; m0 < M; m0 += block)
+      for (int64_t t = begin; t < end; ++t) {
+        const uint8_t* Wt = W + t * tile_bytes;
+        if (M < UNPACK) {
+          for (int64_t m = 0; m < M; m += 4)
+            switch (std::min<int64_t>(4, M - m)) {
+              case 1: tile<1, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
+              case 2: tile<2, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
+              case 3: tile<3, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
+              default: tile<4, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
+            }
+          continue;
+        }
+        unpack_tile<BITS>(Wt, S, K, group, t * R, lut, Wf.data());
+        for (int64_t m = m0; m < std::min(M, m0 + block); m += 4) {
+          const float* Xm = X + m * K;
+          at::BFloat16* Ym = Y + m * N;
+          switch (std::min<int64_t>(4, M - m)) {
+            case 1: tile_unpacked<1>(Wf.data(), Xm, K, t * R, N, Ym); break;
+            case 2: tile_unpacked<2>(Wf.data(), Xm, K, t * R, N, Ym); break;
+            case 3: tile_unpacked<3>(Wf.data(), Xm, K, t * R, N, Ym); break;
+            default: tile_unpacked<4>(Wf.data(), Xm, K, t * R, N, Ym); break;
+          }
+        }
+      }
+  });
+#endif
 }
 
 // raw matmul: X bf16 [M, K] -> Y bf16 [M, N]
@@ -158,16 +336,6 @@ void check_mm(const torch::Tensor& packed, const torch::Tensor& scales, int64_t 
 }
 
 // ---- one decoder layer's decode/verify step (layer_step): bf16 in and out, fp32 inside ops ----
-
-inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact)
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-inline void store16(uint16_t* p, __m512 v) {  // fp32 -> bf16, round to nearest even
-  _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v));
-}
-inline __m512 rnd(__m512 v) {  // fp32 rounded to bf16 and back: what a bf16 torch op stores between ops
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(v)), 16));
-}
 
 // e^x, fp32, 16 lanes (Cephes' expf: range reduction by ln 2 in two parts, degree-6 polynomial, ~1 ulp)
 inline __m512 exp16(__m512 x) {
