@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -m pip install -q torch==2.13.0 $(QUIET_PIP)
 	@echo "[install 3/5] trtspec[all,dev]: ModelOpt, transformers, tritonserver (nvidia-pytriton), tritonclient (about 80 s)"
 	@$(PYTHON) -m pip install -q -e ".[all,dev]" $(QUIET_PIP)
-	@echo "[install 4/5] trtspec's CPU weight-only kernels: compiled once into ~/.cache/trtspec/kernels (about 30 s; skipped on a CPU without AVX512-BF16)"
+	@echo "[install 4/5] trtspec's CPU weight-only kernels: compiled once into ~/.cache/trtspec/kernels (about 30 s; the bf16 build on an AVX512-BF16 CPU, the fma build on other AVX512 CPUs, skipped without AVX512)"
 	@$(PYTHON) -c 'from trtspec.speculative.kernels import wo_cpu_status; print("      INT4/INT8 layers on CPU:", wo_cpu_status())'
 	@echo "[install 5/5] done: $(TRTSPEC)"
 	@rm -f $(VENV)/.installed-*

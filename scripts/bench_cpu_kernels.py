@@ -10,7 +10,8 @@ scripts/bench_engine.py on the tiny target when models/tiny-target exists.
 
     .venv/bin/python scripts/bench_cpu_kernels.py [--threads 2] [--rows 1,2,3,4]
 
-Writes bench/results/cpu_kernels.{json,md}. Needs a CPU with AVX512-BF16 for trtspec's column.
+Writes bench/results/cpu_kernels.{json,md}. Needs an AVX512 CPU for trtspec's column (the bf16 build with
+AVX512-BF16, else the fma build: see trtspec/speculative/kernels).
 """
 
 from __future__ import annotations

@@ -537,16 +537,16 @@ class RuntimeConfig(Strict):
 # what a quantized weight format runs on in the torch runtime, per device, when
 # runtime.quantized_kernels is native (anything else: ModelOpt's fake-quant, "emulated")
 NATIVE_KERNELS: dict[tuple[str, str], str] = {
-    ("int8_wo", "cpu"): "INT8 weights, trtspec's wo_cpu kernel on an AVX512-BF16 CPU (in bf16, each decoder layer "
-                        "of a decode/verify pass one call: wo_cpu.layer_step), else aten._weight_int8pack_mm "
-                        "(bf16 activations)",
+    ("int8_wo", "cpu"): "INT8 weights, trtspec's wo_cpu kernel on an AVX512 CPU (bf16 dot products with "
+                        "AVX512-BF16, else fp32 FMAs; in bf16, each decoder layer of a decode/verify pass one call: "
+                        "wo_cpu.layer_step), else aten._weight_int8pack_mm (bf16 activations)",
     ("int8_wo", "cuda"): "INT8 weights, dequantized to bf16 per matmul",
-    ("int4_wo", "cpu"): "INT4 weights (blocks of 128), trtspec's wo_cpu kernel on an AVX512-BF16 CPU (in bf16, each "
-                        "decoder layer of a decode/verify pass one call: wo_cpu.layer_step), else "
-                        "aten._weight_int4pack_mm_for_cpu (bf16 activations)",
+    ("int4_wo", "cpu"): "INT4 weights (blocks of 128), trtspec's wo_cpu kernel on an AVX512 CPU (bf16 dot products "
+                        "with AVX512-BF16, else fp32 FMAs; in bf16, each decoder layer of a decode/verify pass one "
+                        "call: wo_cpu.layer_step), else aten._weight_int4pack_mm_for_cpu (bf16 activations)",
     ("int4_wo", "cuda"): "INT4 weights (blocks of 128), dequantized to bf16 per matmul",
     ("int4_awq", "cpu"): "INT4 weights (blocks of 128) with AWQ activation scales, trtspec's wo_cpu kernel on an "
-                         "AVX512-BF16 CPU (layer by layer in torch ops: the AWQ scales), else "
+                         "AVX512 CPU (layer by layer in torch ops: the AWQ scales), else "
                          "aten._weight_int4pack_mm_for_cpu (bf16 activations)",
     ("int4_awq", "cuda"): "INT4 weights (blocks of 128) with AWQ activation scales, dequantized to bf16 per matmul",
 }

@@ -4,7 +4,7 @@ a decode or verify pass runs each decoder layer as one C++ call instead of ~55 t
 It must compute what the torch ops compute (the same bf16 roundings; attention per query row in
 fp32, like ``batch_invariant``'s), be used exactly where every layer qualifies, give each token row
 the same bits in any pass, and refuse bad input with an error instead of writing out of bounds.
-Skipped, with the reason, where trtspec's CPU kernels do not run (no AVX512-BF16, no compiler).
+Skipped, with the reason, where trtspec's CPU kernels do not run (no AVX512, no compiler).
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ class Int4Linear(_WeightOnlyLinear):
     def _pack(self):
         kernel = wo_cpu()
         if kernel is not None and self.qweight.shape[0] % 4 == 0 and self.group % 64 == 0:
-            # trtspec's AVX512-BF16 kernel (kernels/wo_cpu.cpp)
+            # trtspec's AVX512 kernel (kernels/wo_cpu.cpp: the bf16 or the fma build)
             self.packed = (kernel, op(), kernel.pack(self.qweight, 4), self.scales.float().contiguous())
             self._keep_packed_only()
         else:
