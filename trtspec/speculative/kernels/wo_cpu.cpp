@@ -80,6 +80,17 @@ inline __m512 rnd(__m512 v) {  // fp32 rounded to bf16 and back: what a bf16 tor
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(to_bf16(v)), 16));
 }
 
+// ask for the tile's bytes 2 KiB ahead of the 64 input channels being read
+template <int BITS>
+inline void prefetch_ahead(const uint8_t* wb) {
+  _mm_prefetch((const char*)(wb + 2048), _MM_HINT_T0);
+  _mm_prefetch((const char*)(wb + 2048 + 64), _MM_HINT_T0);
+  if constexpr (BITS == 8) {
+    _mm_prefetch((const char*)(wb + 2048 + 128), _MM_HINT_T0);
+    _mm_prefetch((const char*)(wb + 2048 + 192), _MM_HINT_T0);
+  }
+}
+
 #ifdef TRTSPEC_DPBF16
 template <int M, int BITS>
 inline void tile(const uint8_t* __restrict W, const float* __restrict S, const uint16_t* __restrict X,
@@ -101,12 +112,7 @@ inline void tile(const uint8_t* __restrict W, const float* __restrict S, const u
         x1[m] = (__m512bh)_mm512_loadu_si512(X + m * K + k0 + 32);
       }
       const uint8_t* wb = W + (k0 / 64) * (R * B);
-      _mm_prefetch((const char*)(wb + 2048), _MM_HINT_T0);
-      _mm_prefetch((const char*)(wb + 2048 + 64), _MM_HINT_T0);
-      if constexpr (BITS == 8) {
-        _mm_prefetch((const char*)(wb + 2048 + 128), _MM_HINT_T0);
-        _mm_prefetch((const char*)(wb + 2048 + 192), _MM_HINT_T0);
-      }
+      prefetch_ahead<BITS>(wb);
       for (int r = 0; r < R; ++r) {
         if constexpr (BITS == 4) {
           const __m512i w16 = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i*)(wb + r * B)));
@@ -184,12 +190,7 @@ inline void tile(const uint8_t* __restrict W, const float* __restrict S, const f
     block_scales<BITS>(S, groups, g, n0, lut, s);
     for (int64_t k0 = g * group; k0 < (g + 1) * group; k0 += 64) {
       const uint8_t* wb = W + (k0 / 64) * (R * B);
-      _mm_prefetch((const char*)(wb + 2048), _MM_HINT_T0);
-      _mm_prefetch((const char*)(wb + 2048 + 64), _MM_HINT_T0);
-      if constexpr (BITS == 8) {
-        _mm_prefetch((const char*)(wb + 2048 + 128), _MM_HINT_T0);
-        _mm_prefetch((const char*)(wb + 2048 + 192), _MM_HINT_T0);
-      }
+      prefetch_ahead<BITS>(wb);
       for (int r = 0; r < R; ++r) {
         __m512 w[4];
         weights64<BITS>(wb + r * B, s[r], w);
