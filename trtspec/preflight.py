@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from trtspec.config import Eagle, Eagle3, Medusa, Recipe, quantized_kernels_for
-from trtspec.speculative.kernels import cpu_flags, variant
+from trtspec.speculative.kernels import variant
 from trtspec.versions import engine_flow_supported
 from trtspec.hub import check_lines, is_hub_id
 from trtspec.model_makers import elsewhere_fix, missing_model_fix
@@ -206,7 +206,7 @@ def check_quantization(recipe: Recipe, report: CheckReport) -> None:
             if q.lm_head != "none":
                 kernels += f"; LM head {q.lm_head}" + ("" if "fake-quant" in kernels else " on INT8 weights (Int8Linear)")
             if "wo_cpu" in kernels:  # which this machine gets (kernels.variant: by the CPU's flags)
-                build = variant(cpu_flags())
+                build = variant()
                 kernels += {"bf16": "; this CPU has avx512_bf16: wo_cpu, bf16 build",
                             "fma": "; this CPU has AVX512 without avx512_bf16: wo_cpu, fma build"}.get(
                                 build, "; this CPU has no AVX512: torch's kernel")

@@ -42,11 +42,13 @@
 #include <vector>
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
 constexpr int R = 4;  // output rows per tile
 
+#ifdef TRTSPEC_DPBF16
 uint16_t bf16_bits(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, 4);
@@ -60,6 +62,7 @@ __m512i table(float (*value)(int)) {
   for (int i = 0; i < 32; ++i) t[i] = bf16_bits(value(i & 15));
   return _mm512_load_si512(t);
 }
+#endif
 
 inline __m512 load16(const uint16_t* p) {  // 16 bf16 -> fp32 (exact)
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
@@ -244,8 +247,23 @@ inline void tile_unpacked(const float* __restrict Wf, const float* __restrict X,
 #endif
 
 float int4_value(int u) { return float(u - 8); }       // INT4: the field is q + 8
+#ifdef TRTSPEC_DPBF16
 float low_nibble(int u) { return float(u); }           // INT8: the low nibble, unsigned
 float high_nibble(int u) { return float(16 * (u < 8 ? u : u - 16)); }  // INT8: 16 x the high nibble, signed
+#endif
+
+// token rows m0 .. m1-1, four at a time: f(std::integral_constant<int, Mc>{}, m) for each run of Mc <= 4
+// rows starting at m (the tile kernels are templates on their row count)
+template <typename F>
+inline void in_fours(int64_t m0, int64_t m1, F&& f) {
+  for (int64_t m = m0; m < m1; m += 4)
+    switch (std::min<int64_t>(4, m1 - m)) {
+      case 1: f(std::integral_constant<int, 1>{}, m); break;
+      case 2: f(std::integral_constant<int, 2>{}, m); break;
+      case 3: f(std::integral_constant<int, 3>{}, m); break;
+      default: f(std::integral_constant<int, 4>{}, m); break;
+    }
+}
 
 // all M token rows; each tile's weights come from memory once, token rows go four at a time (the
 // tile's bytes stay in cache for the next four), every row gets the same instructions
@@ -255,62 +273,48 @@ void rows(const uint8_t* W, const float* S, const uint16_t* X16, int64_t M, int6
   const int64_t tile_bytes = R * K * BITS / 8;
 #ifdef TRTSPEC_DPBF16
   const __m512i lut_lo = table(BITS == 4 ? int4_value : low_nibble), lut_hi = table(high_nibble);
-  const uint16_t* X = X16;
   at::parallel_for(0, N / R, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const uint8_t* Wt = W + t * tile_bytes;
-      for (int64_t m = 0; m < M; m += 4) {
-        const uint16_t* Xm = X + m * K;
-        at::BFloat16* Ym = Y + m * N;
-        switch (std::min<int64_t>(4, M - m)) {
-          case 1: tile<1, BITS>(Wt, S, Xm, K, group, t * R, N, Ym, lut_lo, lut_hi); break;
-          case 2: tile<2, BITS>(Wt, S, Xm, K, group, t * R, N, Ym, lut_lo, lut_hi); break;
-          case 3: tile<3, BITS>(Wt, S, Xm, K, group, t * R, N, Ym, lut_lo, lut_hi); break;
-          default: tile<4, BITS>(Wt, S, Xm, K, group, t * R, N, Ym, lut_lo, lut_hi); break;
-        }
-      }
-    }
+    for (int64_t t = begin; t < end; ++t)
+      in_fours(0, M, [&](auto mc, int64_t m) {
+        tile<decltype(mc)::value, BITS>(W + t * tile_bytes, S, X16 + m * K, K, group, t * R, N, Y + m * N, lut_lo,
+                                        lut_hi);
+      });
   });
 #else
   alignas(64) float t16[16];
   for (int i = 0; i < 16; ++i) t16[i] = int4_value(i);
   const __m512 lut = _mm512_load_ps(t16);
-  std::vector<float> Xf(M * K);  // the activations in fp32, once (exact)
+  // the activations in fp32 (exact), in a buffer the calling thread keeps: no allocation per matmul
+  thread_local std::vector<float> Xf;
+  if (int64_t(Xf.size()) < M * K) Xf.resize(M * K);
   for (int64_t i = 0; i < M * K; i += 16) _mm512_storeu_ps(Xf.data() + i, load16(X16 + i));
   const float* X = Xf.data();
-  // up to UNPACK - 1 rows (decode, verify): 4 token rows at a time with the weights unpacked in registers
-  // (tile). From UNPACK rows (a prefill): each tile unpacked once (unpack_tile, tile_unpacked), the token
-  // rows in blocks whose fp32 activations stay in L2 (<= 1 MiB), each block against every tile of
-  // this thread's share. Measured on a 2-core Xeon: 5-16 rows ran slower unpacked (the tile's
-  // stores and loads cost more than the unpacking they save), 32 and more faster.
+  // Up to UNPACK - 1 rows (decode, verify): 4 token rows at a time with the weights unpacked in
+  // registers (tile). From UNPACK rows (a prefill): each tile unpacked once (unpack_tile,
+  // tile_unpacked), the token rows in blocks whose fp32 activations stay in L2 (<= 1 MiB, a multiple
+  // of 4 rows), each block against every tile of this thread's share. Measured on a 2-core Xeon: 5-16
+  // rows ran slower unpacked (the tile's stores and loads cost more than the unpacking they save), 32
+  // and more faster.
   constexpr int64_t UNPACK = 32;
-  const int64_t block = M < UNPACK ? M : std::max<int64_t>(4, ((1 << 20) / (4 * K)) / 4 * 4);
+  if (M < UNPACK) {
+    at::parallel_for(0, N / R, 8, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        in_fours(0, M, [&](auto mc, int64_t m) {
+          tile<decltype(mc)::value, BITS>(W + t * tile_bytes, S, X + m * K, K, group, t * R, N, Y + m * N, lut);
+        });
+    });
+    return;
+  }
+  const int64_t block = std::max<int64_t>(4, ((1 << 20) / (4 * K)) / 4 * 4);
   at::parallel_for(0, N / R, 8, [&](int64_t begin, int64_t end) {
-    std::vector<float> Wf(M >= UNPACK ? R * K : 0);
+    thread_local std::vector<float> Wf;  // one tile in fp32, [R, K]
+    if (int64_t(Wf.size()) < R * K) Wf.resize(R * K);
     for (int64_t m0 = 0; m0 < M; m0 += block)
       for (int64_t t = begin; t < end; ++t) {
-        const uint8_t* Wt = W + t * tile_bytes;
-        if (M < UNPACK) {
-          for (int64_t m = 0; m < M; m += 4)
-            switch (std::min<int64_t>(4, M - m)) {
-              case 1: tile<1, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
-              case 2: tile<2, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
-              case 3: tile<3, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
-              default: tile<4, BITS>(Wt, S, X + m * K, K, group, t * R, N, Y + m * N, lut); break;
-            }
-          continue;
-        }
-        unpack_tile<BITS>(Wt, S, K, group, t * R, lut, Wf.data());
-        for (int64_t m = m0; m < std::min(M, m0 + block); m += 4) {
-          const float* Xm = X + m * K;
-          at::BFloat16* Ym = Y + m * N;
-          switch (std::min<int64_t>(4, M - m)) {
-            case 1: tile_unpacked<1>(Wf.data(), Xm, K, t * R, N, Ym); break;
-            case 2: tile_unpacked<2>(Wf.data(), Xm, K, t * R, N, Ym); break;
-            case 3: tile_unpacked<3>(Wf.data(), Xm, K, t * R, N, Ym); break;
-            default: tile_unpacked<4>(Wf.data(), Xm, K, t * R, N, Ym); break;
-          }
-        }
+        unpack_tile<BITS>(W + t * tile_bytes, S, K, group, t * R, lut, Wf.data());
+        in_fours(m0, std::min(M, m0 + block), [&](auto mc, int64_t m) {
+          tile_unpacked<decltype(mc)::value>(Wf.data(), X + m * K, K, t * R, N, Y + m * N);
+        });
       }
   });
 #endif
