@@ -45,9 +45,10 @@ demo: models
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-# two pytest-xdist workers, a file per worker at a time (its module-scoped server stays on one);
-# XDIST= runs the suite in one process
-XDIST ?= -n 2 --dist loadfile
+# two pytest-xdist workers, a file per worker at a time (its module-scoped server stays on one),
+# in the order tests/conftest.py gives (the wheel's venv installs first, beside the tiny pair's
+# training); XDIST= runs the suite in one process
+XDIST ?= -n 2 --dist loadfile --no-loadscope-reorder
 # tiers: tests/unit (no trained models, no server), tests/engine (the trained tiny pair),
 # tests/serving (a real tritonserver), tests/pipeline (trtspec run end to end)
 test: lint prometheus-tools
