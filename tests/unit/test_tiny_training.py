@@ -54,5 +54,8 @@ def test_joining_at_the_end_distils_only_the_finished_target_and_at_zero_shares_
     assert [c for c in calls if c[0] == "draft"] == [("draft", i) for i in range(1, 6)]
 
 
-def test_the_schedule_is_part_of_the_cache_key():
+def test_the_schedule_is_part_of_the_cache_key_and_checked():
     assert replace(TOY, draft_joins_at=4).key() != TOY.key()
+    for bad in (-1, 7):
+        with pytest.raises(ValueError, match=f"draft_joins_at: {bad} is not a target step; use 0 to target_steps \\(6"):
+            replace(TOY, draft_joins_at=bad)

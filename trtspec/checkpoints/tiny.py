@@ -89,6 +89,9 @@ class TinySettings:
             raise ValueError(f"draft_init: unknown value {self.draft_init!r}; use target_pca or random")
         if self.precision not in ("auto", "bf16", "fp32"):
             raise ValueError(f"precision: unknown value {self.precision!r}; use auto, bf16 or fp32")
+        if not 0 <= self.draft_joins_at <= self.target_steps:
+            raise ValueError(f"draft_joins_at: {self.draft_joins_at} is not a target step; use 0 to "
+                             f"target_steps ({self.target_steps}, distil only the finished target)")
 
     def resolved(self) -> "TinySettings":
         """The same settings with ``precision`` fixed for this machine (what the cache key hashes)."""
