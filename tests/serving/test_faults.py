@@ -330,6 +330,31 @@ def test_a_client_killed_mid_stream_stops_the_engine(deployment, reference, mode
     report(fault=f"client killed mid-stream ({model})", engine_idle_s=round(stopped, 2), tokens=tokens)
 
 
+def test_the_server_stops_cleanly_after_clients_went_away_mid_stream(deployment, tmp_path):
+    """Clients killed mid-stream through both ensembles leave nothing behind in Triton: the server
+    then stops at once with exit 0. When postprocessing answered a cancelled request with an error,
+    Triton 2.51 kept each ensemble alive until the exit timeout ("Found 2 live models") and
+    tritonserver exited 1: every SIGTERM after a vanished client took the full timeout."""
+    s = TritonServer(deployment.repo, workdir=tmp_path / "s", ready_timeout=300, exit_timeout=3).start()
+    try:
+        for model in ("ensemble", "ensemble_baseline"):
+            proc = subprocess.Popen([sys.executable, "-c", DISCONNECTING_CLIENT, s.endpoints.grpc, model],
+                                    stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+            try:
+                assert proc.stdout.readline().strip() == "streaming"
+            finally:
+                proc.kill()
+                proc.wait()
+        wait_until(lambda: all(metric(metrics(s.endpoints.metrics), "trtspec_inflight_requests", model=m) == 0
+                               for m in ("tensorrt_llm", "tensorrt_llm_baseline")), timeout=30)
+    finally:
+        t0 = time.monotonic()
+        rc = s.stop()
+        took = time.monotonic() - t0
+    assert rc == 0, f"tritonserver exited {rc} after {took:.1f} s (exit timeout 3 s)"
+    report(fault="clients killed mid-stream, then SIGTERM", stop_s=round(took, 2))
+
+
 # ------------------------------------------------------------------------------------------
 # overload
 

@@ -264,7 +264,11 @@ class Postprocessing:
                 final = True if final is None else bool(final.reshape(-1)[0])
                 key = "" if key is None else key.reshape(-1)[0].decode(errors="replace")
                 if self._cancelled(r, key, final):
-                    out.append(error_response(pb, "postprocessing: the request was cancelled", invalid_argument=False))
+                    # an empty delta, not an error: the client is gone either way, and an error from
+                    # this step while the router's later responses still come left Triton 2.51
+                    # holding the ensemble until the server's exit timeout (then exit code 1)
+                    out.append(pb.InferenceResponse(output_tensors=[
+                        pb.Tensor("OUTPUT", np.array([b""] * (tokens.shape[0] * tokens.shape[1]), dtype=np.object_))]))
                     continue
                 # one text per (batch item, beam), flat: the shape NVIDIA's postprocessing returns
                 # and its clients read (``as_numpy("text_output")[0].decode()``)
