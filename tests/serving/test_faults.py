@@ -310,21 +310,27 @@ sys.stdin.read()  # until killed
 """ % LONG
 
 
+def kill_client_mid_stream(url: str, model: str) -> float:
+    """Run DISCONNECTING_CLIENT on ``model`` and SIGKILL it after its third streamed response;
+    returns when it was killed (time.monotonic)."""
+    proc = subprocess.Popen([sys.executable, "-c", DISCONNECTING_CLIENT, url, model],
+                            stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "streaming"
+        proc.kill()
+        return time.monotonic()
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 @pytest.mark.parametrize("model, engine", [("ensemble", "tensorrt_llm"), ("ensemble_baseline", "tensorrt_llm_baseline")])
 def test_a_client_killed_mid_stream_stops_the_engine(deployment, reference, model, engine):
     """The client process dies (SIGKILL) after 3 streamed responses: its connection drops, and the
     cancellation reaches the engine through the ensemble (router → postprocessing → stop)."""
     before = deployment.metric("trtspec_generated_tokens_total", engine)
     with Bystanders(deployment.url, reference, model="ensemble" if engine.endswith("baseline") else "ensemble_baseline"):
-        proc = subprocess.Popen([sys.executable, "-c", DISCONNECTING_CLIENT, deployment.url, model],
-                                stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
-        try:
-            assert proc.stdout.readline().strip() == "streaming"
-            proc.kill()
-            t0 = time.monotonic()
-        finally:
-            proc.kill()
-            proc.wait()
+        t0 = kill_client_mid_stream(deployment.url, model)
         stopped, tokens = engine_stops(deployment, engine, before, t0)
     assert tokens < LONG / 2
     report(fault=f"client killed mid-stream ({model})", engine_idle_s=round(stopped, 2), tokens=tokens)
@@ -338,20 +344,14 @@ def test_the_server_stops_cleanly_after_clients_went_away_mid_stream(deployment,
     s = TritonServer(deployment.repo, workdir=tmp_path / "s", ready_timeout=300, exit_timeout=3).start()
     try:
         for model in ("ensemble", "ensemble_baseline"):
-            proc = subprocess.Popen([sys.executable, "-c", DISCONNECTING_CLIENT, s.endpoints.grpc, model],
-                                    stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)
-            try:
-                assert proc.stdout.readline().strip() == "streaming"
-            finally:
-                proc.kill()
-                proc.wait()
+            kill_client_mid_stream(s.endpoints.grpc, model)
         wait_until(lambda: all(metric(metrics(s.endpoints.metrics), "trtspec_inflight_requests", model=m) == 0
                                for m in ("tensorrt_llm", "tensorrt_llm_baseline")), timeout=30)
     finally:
         t0 = time.monotonic()
         rc = s.stop()
         took = time.monotonic() - t0
-    assert rc == 0, f"tritonserver exited {rc} after {took:.1f} s (exit timeout 3 s)"
+    assert rc == 0, f"tritonserver exited {rc} after {took:.1f} s (exit timeout {s.exit_timeout} s)"
     report(fault="clients killed mid-stream, then SIGTERM", stop_s=round(took, 2))
 
 

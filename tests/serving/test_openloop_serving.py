@@ -32,6 +32,7 @@ from trtspec.triton.launch.server import TritonServer
 from trtspec.triton.launch.watchdog import WatchdogSettings
 
 from tests.serving.test_validate_server import tiny_recipe
+from tests.serving.triton_stream import metric, metrics
 
 DASHBOARD = pathlib.Path(__file__).resolve().parents[2] / "trtspec" / "data" / "grafana" / "speculative.json"
 TRTLLM_FIXTURE = pathlib.Path(__file__).resolve().parents[1] / "golden" / "metrics" / "trtllm_triton.prom"
@@ -316,23 +317,22 @@ def prometheus(server, tmp_path_factory):
 
 def _drafted(server) -> float:
     """The speculative engine's drafted-token counter on the server's /metrics."""
-    with urllib.request.urlopen(server.endpoints.metrics) as r:
-        live = prom.parse(r.read().decode(), keep=None)
-    return sum(s.value for s in live if s.name == "trtspec_draft_tokens_total" and s.labels.get("model") == "tensorrt_llm")
+    return metric(metrics(server.endpoints.metrics), "trtspec_draft_tokens_total", model="tensorrt_llm")
 
 
 def test_a_real_prometheus_evaluates_every_dashboard_query_and_the_rules(server, prometheus, tiny_target, tmp_path):
     # traffic on both engines (and the router) after the first scrape, so counters move within the
     # window; until the speculative engine has drafted: its goodput policy may choose k = 0 for a
     # few short requests when the other xdist worker loads the cores (CI saw NaN acceptance once)
-    before = _drafted(server)
+    before = drafted = _drafted(server)
     for attempt in range(5):
         code, output = _bench(server, tiny_target, tmp_path / f"bench{attempt}", "--concurrency", "1", "--requests", "2",
                               "--output-len", "8" if attempt == 0 else "32", "--no-export")
         assert code == 0, output
-        if _drafted(server) > before:
+        drafted = _drafted(server)
+        if drafted > before:
             break
-    assert _drafted(server) > before, "the speculative engine drafted nothing in 5 rounds of traffic"
+    assert drafted > before, "the speculative engine drafted nothing in 5 rounds of traffic"
     after = time.time()
     # three scrapes after the traffic
     prometheus.wait("3 scrapes after the traffic", lambda: all(

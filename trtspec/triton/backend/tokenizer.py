@@ -263,20 +263,19 @@ class Postprocessing:
                 ctx = 0 if ctx is None else int(ctx.reshape(-1)[0])
                 final = True if final is None else bool(final.reshape(-1)[0])
                 key = "" if key is None else key.reshape(-1)[0].decode(errors="replace")
-                if self._cancelled(r, key, final):
-                    # an empty delta, not an error: the client is gone either way, and an error from
-                    # this step while the router's later responses still come left Triton 2.51
-                    # holding the ensemble until the server's exit timeout (then exit code 1)
-                    out.append(pb.InferenceResponse(output_tensors=[
-                        pb.Tensor("OUTPUT", np.array([b""] * (tokens.shape[0] * tokens.shape[1]), dtype=np.object_))]))
-                    continue
                 # one text per (batch item, beam), flat: the shape NVIDIA's postprocessing returns
                 # and its clients read (``as_numpy("text_output")[0].decode()``)
-                texts = []
-                for b in range(tokens.shape[0]):
-                    for beam in range(tokens.shape[1]):
-                        n = int(lengths[b, beam]) if lengths is not None else tokens.shape[2]
-                        texts.append(text_delta(self.decode, tokens[b, beam, :n].tolist(), ctx, final).encode())
+                if self._cancelled(r, key, final):
+                    # empty deltas, not an error: the client is gone either way, and an error from
+                    # this step while the router's later responses still come left Triton 2.51
+                    # holding the ensemble until the server's exit timeout (then exit code 1)
+                    texts = [b""] * (tokens.shape[0] * tokens.shape[1])
+                else:
+                    texts = []
+                    for b in range(tokens.shape[0]):
+                        for beam in range(tokens.shape[1]):
+                            n = int(lengths[b, beam]) if lengths is not None else tokens.shape[2]
+                            texts.append(text_delta(self.decode, tokens[b, beam, :n].tolist(), ctx, final).encode())
                 out.append(pb.InferenceResponse(output_tensors=[
                     pb.Tensor("OUTPUT", np.array(texts, dtype=np.object_))]))
             except RequestInputError as e:
