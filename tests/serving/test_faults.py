@@ -341,7 +341,9 @@ def test_the_server_stops_cleanly_after_clients_went_away_mid_stream(deployment,
     then stops at once with exit 0. When postprocessing answered a cancelled request with an error,
     Triton 2.51 kept each ensemble alive until the exit timeout ("Found 2 live models") and
     tritonserver exited 1: every SIGTERM after a vanished client took the full timeout."""
-    s = TritonServer(deployment.repo, workdir=tmp_path / "s", ready_timeout=300, exit_timeout=3).start()
+    # the default exit timeout, as `trtspec serve` runs: with 3 s the engines' own unloading under the
+    # other xdist worker's load ran past it (exit 1 with both ensembles already unloaded)
+    s = TritonServer(deployment.repo, workdir=tmp_path / "s", ready_timeout=300).start()
     try:
         for model in ("ensemble", "ensemble_baseline"):
             kill_client_mid_stream(s.endpoints.grpc, model)
