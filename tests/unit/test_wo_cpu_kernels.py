@@ -91,8 +91,9 @@ def test_each_row_is_the_same_bits_in_any_batch(each_build, bits):
     n, k, group = 96, 512, 128 if bits == 4 else 512
     q = torch.randint(-8, 8, (n, k), dtype=torch.int8) if bits == 4 else torch.randint(-127, 128, (n, k), dtype=torch.int8)
     packed, scales = ext.pack(q, bits), torch.rand(n, k // group)
-    # 37 rows: the bf16 build goes 4 rows at a time; the fma build too, with the weights unpacked in
-    # registers, up to 31 rows, and from 32 rows (a prefill) from a tile unpacked once
+    # 37 rows: the bf16 build goes 4 rows at a time; the fma build too (INT8: runs of up to 6, so 5
+    # is one run, 7 is 4 + 3), with the weights unpacked in registers, up to 31 rows, and from 32
+    # rows (a prefill) from a tile unpacked once
     x = torch.randn(37, k).to(torch.bfloat16)
     full = ext.mm(x, packed, scales, group, bits)
     for m in [*range(1, 10), 15, 16, 17, 31, 32, 33, 36, 37]:

@@ -265,6 +265,33 @@ inline void in_fours(int64_t m0, int64_t m1, F&& f) {
     }
 }
 
+#ifndef TRTSPEC_DPBF16
+// fma variant, INT8 weights, up to UNPACK - 1 rows: token rows m0 .. m1-1 in runs of at most 6, as
+// even as they can be (5 -> 5, 7 -> 4 + 3, 10 -> 5 + 5): each run unpacks the tile's weights once,
+// so a verify pass over 5 or 6 tokens unpacks once instead of twice (4 + 1). 6 rows x 4 output rows
+// are 24 accumulators, which with the 4 weight vectors and one scale per row fit the 32 registers.
+// INT4 keeps runs of 4: its 4 per-row scale tables leave no room (5 and 6 rows ran slower than
+// 4 + 1 and 4 + 2). Only while 6 rows of fp32 activations fit a 48 KiB L1 (K <= 2048): the tile
+// reads each row once per output row, and from L2 the longer runs were slower (2-core Xeon).
+template <int BITS, typename F>
+inline void in_runs(int64_t K, int64_t m0, int64_t m1, F&& f) {
+  if (BITS == 4 || 6 * K * int64_t(sizeof(float)) > 48 * 1024) return in_fours(m0, m1, f);
+  const int64_t n = m1 - m0, runs = (n + 5) / 6;
+  for (int64_t i = 0, m = m0; i < runs; ++i) {
+    const int64_t len = n / runs + (i < n % runs ? 1 : 0);
+    switch (len) {
+      case 1: f(std::integral_constant<int, 1>{}, m); break;
+      case 2: f(std::integral_constant<int, 2>{}, m); break;
+      case 3: f(std::integral_constant<int, 3>{}, m); break;
+      case 4: f(std::integral_constant<int, 4>{}, m); break;
+      case 5: f(std::integral_constant<int, 5>{}, m); break;
+      default: f(std::integral_constant<int, 6>{}, m); break;
+    }
+    m += len;
+  }
+}
+#endif
+
 // all M token rows; each tile's weights come from memory once, token rows go four at a time (the
 // tile's bytes stay in cache for the next four), every row gets the same instructions
 template <int BITS>
@@ -289,8 +316,8 @@ void rows(const uint8_t* W, const float* S, const uint16_t* X16, int64_t M, int6
   if (int64_t(Xf.size()) < M * K) Xf.resize(M * K);
   for (int64_t i = 0; i < M * K; i += 16) _mm512_storeu_ps(Xf.data() + i, load16(X16 + i));
   const float* X = Xf.data();
-  // Up to UNPACK - 1 rows (decode, verify): 4 token rows at a time with the weights unpacked in
-  // registers (tile). From UNPACK rows (a prefill): each tile unpacked once (unpack_tile,
+  // Up to UNPACK - 1 rows (decode, verify): 4 token rows at a time (INT8: up to 6, in_runs) with the
+  // weights unpacked in registers (tile). From UNPACK rows (a prefill): each tile unpacked once (unpack_tile,
   // tile_unpacked), the token rows in blocks whose fp32 activations stay in L2 (<= 1 MiB, a multiple
   // of 4 rows), each block against every tile of this thread's share. Measured on a 2-core Xeon: 5-16
   // rows ran slower unpacked (the tile's stores and loads cost more than the unpacking they save), 32
@@ -299,7 +326,7 @@ void rows(const uint8_t* W, const float* S, const uint16_t* X16, int64_t M, int6
   if (M < UNPACK) {
     at::parallel_for(0, N / R, 8, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        in_fours(0, M, [&](auto mc, int64_t m) {
+        in_runs<BITS>(K, 0, M, [&](auto mc, int64_t m) {
           tile<decltype(mc)::value, BITS>(W + t * tile_bytes, S, X + m * K, K, group, t * R, N, Y + m * N, lut);
         });
     });
