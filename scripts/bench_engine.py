@@ -18,9 +18,12 @@ is kept in the JSON. Greedy outputs are compared token by token with (a).
     python scripts/bench_engine.py --paired 4 --only e,e8,e8c   # ours only, alternating prompt by prompt
     python scripts/bench_engine.py --batch-curve   # verify cost per batch size; draft-length policies at c=1..8
     python scripts/bench_engine.py --real --batch-curve          # the same for the Qwen pair
+    python scripts/bench_engine.py --batch-curve --spec runs/qwen-coder-cpu/package/repository/tensorrt_llm/1/runtime_spec.json
+                                   # the same on a packaged deployment: its quantized target and draft, its
+                                   # kernels, draft vocabulary, max_draft_len and torch threads, as served
 
 Writes bench/results/engine_<pair>.json and .md (engine_<pair>_k<K> when --max-draft-len is given;
-engine_<pair>_batch.json and .md with --batch-curve).
+engine_<pair>_batch.json and .md with --batch-curve; engine_<deployment>_batch with --spec).
 """
 
 from __future__ import annotations
@@ -204,7 +207,8 @@ def first_token(target, proposer, prompts, k: int, max_len: int, rounds: int = 5
                       "vs_plain_p50": round(statistics.median(v) / base, 3)} for name, v in ttft.items()]}
 
 
-def batch_curve(args, pair: str, target, draft, proposer, prompts, k: int, max_len: int, dtype_name: str) -> int:
+def batch_curve(args, pair: str, target, draft, proposer, prompts, k: int, max_len: int, dtype_name: str,
+                models: str = "the draft's linears in INT8") -> int:
     """The verify cost curve per batch size, then plain decoding and each draft-length policy at
     concurrency 1, 2, 4, 8 (in process, the same prompts, greedy; configurations interleaved)."""
     from trtspec.sampling import Sampling
@@ -260,7 +264,7 @@ def batch_curve(args, pair: str, target, draft, proposer, prompts, k: int, max_l
                "levels": levels, "first_token": ttft}
     cmd = "python " + " ".join(["scripts/bench_engine.py", *sys.argv[1:]])
     md = [f"# Verify cost per batch size, and the draft-length policies ({pair} pair)", "",
-          f"`{cmd}` — {dtype_name}, {args.threads} threads, max_draft_len {k}, the draft's linears in INT8; load average at the end "
+          f"`{cmd}` — {dtype_name}, {args.threads} threads, max_draft_len {k}, {models}; load average at the end "
           f"{summary['load_average'][0]:.1f} (a shared machine: every figure moves with other tenants' load).", "",
           f"## One target pass over [B, k+1] tokens after {curve['context']} tokens of context "
           f"(ms; least-disturbed of {curve['rounds']} interleaved rounds)", "",
@@ -299,6 +303,43 @@ def batch_curve(args, pair: str, target, draft, proposer, prompts, k: int, max_l
     return 0
 
 
+def deployment_curve(args, load_prompts, AutoTokenizer) -> int:
+    """--batch-curve --spec: the curve and the policies on a packaged deployment's own engine (what
+    the served run measures), the code prompts and its torch threads unless --threads is given."""
+    from trtspec.speculative.proposers import DraftModelProposer
+    from trtspec.speculative.runtime import build_engine
+    from trtspec.speculative.spec import RuntimeSpec
+
+    path = pathlib.Path(args.spec)
+    try:
+        spec = RuntimeSpec.from_json(path.read_text())
+    except (OSError, ValueError) as e:
+        sys.exit(f"--spec {path}: not a readable runtime_spec.json ({e}); give <repository>/tensorrt_llm/1/runtime_spec.json")
+    if spec.method != "draft_target":
+        sys.exit(f"--spec {path}: method {spec.method!r}; the curve's policies need a draft model (draft_target)")
+    engine = build_engine(spec)  # sets the deployment's torch threads
+    if "--threads" in sys.argv:
+        torch.set_num_threads(args.threads)
+    args.threads = torch.get_num_threads()
+    k = args.max_draft_len or spec.max_draft_len
+    tok = AutoTokenizer.from_pretrained(spec.target)
+    prompts = [tok(p, add_special_tokens=False)["input_ids"]
+               for p in load_prompts("builtin:code", args.num_prompts or 8)]
+    max_len = max(len(p) for p in prompts) + (args.max_new_tokens or 48) + k + 8
+    draft = engine.proposer.model  # as served: quantized, its vocabulary restricted (draft_vocab_size)
+    vocab = engine.proposer.vocab
+    parts = path.resolve().parts  # runs/<name>/package/repository/tensorrt_llm/1/runtime_spec.json
+    pair = parts[-6] if len(parts) >= 6 and parts[-5:-3] == ("package", "repository") else "deployment"
+    from trtspec.speculative.kernels import wo_cpu_status
+
+    how = (f"the deployment's target {spec.target} and draft {spec.draft}"
+           + (f" (draft vocabulary {spec.draft_vocab_size})" if spec.draft_vocab_size else "")
+           + f", as served: {wo_cpu_status()}")
+    return batch_curve(args, pair, engine.target, draft,
+                       lambda rows: DraftModelProposer(draft, rows, max_len + k + 4, vocab=vocab),
+                       prompts, k, max_len, spec.runtime.dtype, models=how)
+
+
 def write_results(args, stem: str, summary: dict, md: list[str]) -> None:
     """``<stem>[_k<K>].json`` and ``.md`` under ``--out``; the table is printed too."""
     out_dir = pathlib.Path(args.out)
@@ -327,7 +368,12 @@ def main() -> int:
     ap.add_argument("--batch-curve", action="store_true",
                     help="instead: the target's verify cost per batch size (1, 2, 4, 8) and k+1, and plain decoding "
                          "vs the draft-length policies (off, goodput, acceptance) at concurrency 1, 2, 4, 8")
+    ap.add_argument("--spec", default=None, metavar="RUNTIME_SPEC_JSON",
+                    help="with --batch-curve: the models, kernels, draft vocabulary, max_draft_len and threads of a "
+                         "packaged deployment (<repository>/tensorrt_llm/1/runtime_spec.json, draft-target), not --real's")
     args = ap.parse_args()
+    if args.spec and not args.batch_curve:
+        ap.error(f"--spec {args.spec}: only with --batch-curve (add it, or drop --spec)")
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -339,6 +385,8 @@ def main() -> int:
     from trtspec.speculative.stats import Aggregate
 
     torch.set_num_threads(args.threads)
+    if args.spec:
+        return deployment_curve(args, load_prompts, AutoTokenizer)
     models = pathlib.Path(args.models)
     if args.real:
         pair = "qwen"
