@@ -108,6 +108,13 @@ def stopped(pid: int) -> bool:
     return state(pid) in ("T", "t")
 
 
+def child_alive(pid: int, parent: int) -> bool:
+    """Whether ``pid`` runs and is still ``parent``'s child: one ``stat`` read, where a full scan of
+    ``/proc`` (:func:`stubs_of`) reads every process's."""
+    st = _stat(str(pid))
+    return st is not None and st[0] not in ("Z", "X") and st[1] == parent
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead but not yet reaped, is not alive)."""
     st = _stat(str(pid))
