@@ -53,6 +53,13 @@ def _stat(pid: str) -> tuple[str, int] | None:
         return None
 
 
+def _running(pid: str, parent: int | None = None) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not) and, unless ``parent`` is
+    None, is ``parent``'s child: one ``stat`` read."""
+    st = _stat(pid)
+    return st is not None and st[0] not in ("Z", "X") and (parent is None or st[1] == parent)
+
+
 def parse_stub_cmdline(pid: int, cmdline: bytes) -> Stub | None:
     args = [a.decode(errors="replace") for a in cmdline.split(b"\0") if a]
     if len(args) < 3 or not args[0].endswith(STUB_BINARY):
@@ -72,8 +79,7 @@ def _live_children(parent: int | None) -> Iterator[tuple[int, bytes]]:
     for name in names:
         if not name.isdigit():
             continue
-        st = _stat(name)
-        if st is None or st[0] in ("Z", "X") or (parent is not None and st[1] != parent):
+        if not _running(name, parent):
             continue
         try:
             with open(f"{PROC}/{name}/cmdline", "rb") as f:
@@ -111,14 +117,12 @@ def stopped(pid: int) -> bool:
 def child_alive(pid: int, parent: int) -> bool:
     """Whether ``pid`` runs and is still ``parent``'s child: one ``stat`` read, where a full scan of
     ``/proc`` (:func:`stubs_of`) reads every process's."""
-    st = _stat(str(pid))
-    return st is not None and st[0] not in ("Z", "X") and st[1] == parent
+    return _running(str(pid), parent)
 
 
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, dead but not yet reaped, is not alive)."""
-    st = _stat(str(pid))
-    return st is not None and st[0] not in ("Z", "X")
+    return _running(str(pid))
 
 
 def rss_bytes(pid: int) -> int | None:
