@@ -306,6 +306,7 @@ def batch_curve(args, pair: str, target, draft, proposer, prompts, k: int, max_l
 def deployment_curve(args, load_prompts, AutoTokenizer) -> int:
     """--batch-curve --spec: the curve and the policies on a packaged deployment's own engine (what
     the served run measures), the code prompts and its torch threads unless --threads is given."""
+    from trtspec.speculative.kernels import wo_cpu_status
     from trtspec.speculative.proposers import DraftModelProposer
     from trtspec.speculative.runtime import build_engine
     from trtspec.speculative.spec import RuntimeSpec
@@ -318,7 +319,7 @@ def deployment_curve(args, load_prompts, AutoTokenizer) -> int:
     if spec.method != "draft_target":
         sys.exit(f"--spec {path}: method {spec.method!r}; the curve's policies need a draft model (draft_target)")
     engine = build_engine(spec)  # sets the deployment's torch threads
-    if "--threads" in sys.argv:
+    if args.threads is not None:
         torch.set_num_threads(args.threads)
     args.threads = torch.get_num_threads()
     k = args.max_draft_len or spec.max_draft_len
@@ -330,8 +331,6 @@ def deployment_curve(args, load_prompts, AutoTokenizer) -> int:
     vocab = engine.proposer.vocab
     parts = path.resolve().parts  # runs/<name>/package/repository/tensorrt_llm/1/runtime_spec.json
     pair = parts[-6] if len(parts) >= 6 and parts[-5:-3] == ("package", "repository") else "deployment"
-    from trtspec.speculative.kernels import wo_cpu_status
-
     how = (f"the deployment's target {spec.target} and draft {spec.draft}"
            + (f" (draft vocabulary {spec.draft_vocab_size})" if spec.draft_vocab_size else "")
            + f", as served: {wo_cpu_status()}")
@@ -358,7 +357,8 @@ def main() -> int:
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--max-draft-len", type=int, default=None)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (default 2; with --spec, the deployment's own)")
     ap.add_argument("--dtype", default=None, choices=["float32", "bfloat16"])
     ap.add_argument("--only", default=None, help="comma list of config keys to run (a..g)")
     ap.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -384,9 +384,10 @@ def main() -> int:
     from trtspec.sampling import Sampling
     from trtspec.speculative.stats import Aggregate
 
-    torch.set_num_threads(args.threads)
     if args.spec:
         return deployment_curve(args, load_prompts, AutoTokenizer)
+    args.threads = 2 if args.threads is None else args.threads
+    torch.set_num_threads(args.threads)
     models = pathlib.Path(args.models)
     if args.real:
         pair = "qwen"
