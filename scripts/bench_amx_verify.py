@@ -25,7 +25,6 @@ import os
 import pathlib
 import platform
 import sys
-import time
 
 import torch
 
@@ -33,7 +32,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from bench_cpu_kernels import LLC_BYTES, dram_gb_s  # noqa: E402
+from bench_cpu_kernels import LLC_BYTES, best_ms, dram_gb_s  # noqa: E402
 
 SHAPES = [("1.5B q|k|v", 2048, 1536), ("1.5B o", 1536, 1536), ("1.5B gate|up", 17920, 1536), ("1.5B down", 1536, 8960)]
 # how many of each matmul one decoder layer runs (all four once): 28 layers make the body's step
@@ -50,18 +49,6 @@ def build():
     return load("trtspec_amx_int4_prototype", [str(ROOT / "scripts" / "prototypes" / "amx_int4_verify.cpp")],
                 extra_cflags=["-O3", "-mavx512f", "-mavx512bw", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"],
                 build_directory=str(out), verbose=False)
-
-
-def timed(fn, x, ws) -> float:
-    best = float("inf")
-    for w in ws:
-        fn(x, w)
-    for _ in range(7):
-        t = time.perf_counter()
-        for w in ws:
-            fn(x, w)
-        best = min(best, (time.perf_counter() - t) / len(ws))
-    return best * 1e3
 
 
 def main() -> int:
@@ -103,8 +90,8 @@ def main() -> int:
         base = None
         for m in rows_m:
             x = x16[:m].contiguous()
-            t_ours = timed(lambda x, w: ext.mm(x, w, scales, 128, 4), x, ours)
-            t_amx = timed(lambda x, w: amx.mm_amx(x, w, scales), x, proto)
+            t_ours = best_ms(lambda x, w: ext.mm(x, w, scales, 128, 4), x, ours)
+            t_amx = best_ms(lambda x, w: amx.mm_amx(x, w, scales), x, proto)
             base = base or t_ours
             row = {"matmul": what, "shape": f"{n}x{k}", "rows": m, "avx512bf16_ms": round(t_ours, 4),
                    "amx_ms": round(t_amx, 4), "avx512bf16_vs_1_row": round(t_ours / base, 2),

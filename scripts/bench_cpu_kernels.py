@@ -50,6 +50,20 @@ def dram_gb_s() -> float:
     return 3 * a.numel() * 4 / (time.perf_counter() - t) / 1e9
 
 
+def best_ms(fn, x, ws, rounds: int = 7) -> float:
+    """ms per call of ``fn(x, w)``: one warm-up pass over the copies ``ws``, then the best of
+    ``rounds`` passes, each the mean over every copy (each call reads its weights from DRAM)."""
+    for w in ws:
+        fn(x, w)
+    best = float("inf")
+    for _ in range(rounds):
+        t = time.perf_counter()
+        for w in ws:
+            fn(x, w)
+        best = min(best, (time.perf_counter() - t) / len(ws))
+    return best * 1e3
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--threads", type=int, default=2)
@@ -96,15 +110,7 @@ def main() -> int:
             res = {}
             for name, ws, fn in (("trtspec", ours, lambda x, w: ext.mm(x, w, scales, group, bits)),
                                  ("torch", theirs, run_theirs)):
-                for w in ws:
-                    fn(x, w)
-                best = float("inf")
-                for _ in range(7):
-                    t = time.perf_counter()
-                    for w in ws:
-                        fn(x, w)
-                    best = min(best, (time.perf_counter() - t) / len(ws))
-                res[name] = best * 1e3
+                res[name] = best_ms(fn, x, ws)
             row = {"matmul": what, "shape": f"{n}x{k}", "bits": bits, "rows": m,
                    "trtspec_ms": round(res["trtspec"], 4), "torch_ms": round(res["torch"], 4),
                    "trtspec_gb_s": round(nbytes / res["trtspec"] / 1e6, 1),
