@@ -42,6 +42,33 @@ def test_cost_model_uses_a_cell_median_once_measured_else_the_line():
     assert c.draft(4, 2) == pytest.approx(0.002)  # per token, from the nearest measured batch size
 
 
+def test_a_cell_measured_only_under_load_is_outvoted_by_its_pass_size():
+    """The Qwen pair served on 2 cores, closed loop at 4: 3 rows occur only between a finished
+    request and its successor, while tritonserver pre- and post-processes them on the same cores,
+    so the (3, 0) cell read 130 ms (above (4, 0)'s 122) and the policy drafted at 3 rows. The same
+    3-row pass measured at (1, 2) over whole requests read 90 ms: pooled by pass size, 3 rows
+    stay plain."""
+    p = GoodputPolicy(2, explore_every=0, probe_every=0)
+    served = {(1, 0): 0.085, (1, 1): 0.075, (1, 2): 0.090, (2, 0): 0.084, (2, 1): 0.133, (2, 2): 0.179,
+              (3, 0): 0.130, (3, 1): 0.177, (3, 2): 0.248, (4, 0): 0.122, (4, 1): 0.213, (4, 2): 0.324}
+    for (B, k), v in served.items():
+        for _ in range(9 if (B, k) != (3, 0) else 8):
+            p.cost.add_verify(B, k, v)
+    for B, d in ((1, 0.020), (2, 0.042), (3, 0.054), (4, 0.059)):
+        p.cost.add_draft(B, 1, d)
+    alphas = [[0.94, 0.98]] * 3
+    assert p.cost.verify(3, 0) == pytest.approx(0.090)  # 9 samples at 90 ms, 8 at 130 ms
+    assert p.cost.verify(1, 2) == pytest.approx(0.090)
+    assert p.cost.samples_at(3, 0) == 17
+    assert p.best(3, alphas, overhead=0.0035)[0] == 0
+    # the same costs per cell, unpooled, drafted (what the served engine did)
+    g0 = 3 / (0.130 + 0.0035)
+    g1 = sum(1 + a[0] for a in alphas) / (0.177 + 0.054 + 0.0035)
+    assert g1 > g0
+    # one row still drafts its longest
+    assert p.best(1, [[0.94, 0.98]], overhead=0.0035)[0] == 2
+
+
 def test_policy_picks_k0_when_verify_at_the_batch_size_makes_speculation_lose():
     """Verify cost grows with every token (compute-bound): at batch 8 one plain pass is the best buy."""
     p = _policy(lambda B, k: 0.004 + 0.004 * B * (k + 1), 0.0005)
@@ -169,11 +196,12 @@ def _probe_steps(verify, steps: int) -> list[tuple[int, str]]:
 
 def test_policy_probes_every_64_plain_steps_for_acceptance_and_every_512_where_the_costs_alone_say_no():
     # acceptance-bound: drafting would pay at a good acceptance, so a probe can change the choice
-    whys = _probe_steps(lambda B, k: 0.01 + 0.002 * k, 130)
+    # (costs by the pass's token rows T = B·(k+1), as the cost model pools them: at B = 1, 0.01 + 0.002·k)
+    whys = _probe_steps(lambda B, k: 0.01 + 0.002 * (B * (k + 1) - 1), 130)
     assert [i for i, (k, _) in enumerate(whys) if k] == [64, 129]
     assert whys[64] == (1, "probe")
     # cost-bound: every draft token doubles the step, so not even α = 1 pays; probes only re-measure
-    whys = _probe_steps(lambda B, k: 0.01 + 0.02 * k, 1030)
+    whys = _probe_steps(lambda B, k: 0.01 + 0.02 * (B * (k + 1) - 1), 1030)
     assert [i for i, (k, _) in enumerate(whys) if k] == [512, 1025]
     assert whys[512] == (1, "probe")
 

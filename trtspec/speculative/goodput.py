@@ -15,9 +15,17 @@ plain rows share that read, while a verify pass over B·(k+1) tokens costs more 
 batch-1 ratios say; at some B every extra token costs more than it brings (the Qwen pair lost at
 concurrency 2 with a fixed k). The costs:
 
-  verify(B, k)  the cell's own median (last 9 samples) once it has ``min_samples`` samples, else
-                a least-squares line a + b·T over the measured cells, T = B·(k+1) tokens per pass
-                (SmartSpec models a batch's time as linear in its batched tokens);
+  verify(B, k)  the median of the recent samples (the last 9 of each cell) of every cell with the
+                same pass size T = B·(k+1), once they number ``min_samples``, else a least-squares
+                line a + b·T over the measured pass sizes (SmartSpec models a batch's time by its
+                batched tokens; [3, 1] and [1, 3] run the same weights over the same 3 token rows).
+                Pooled, not per cell: a cell measured only at particular moments carries their load.
+                In a closed loop at 4 requests, B = 3 occurs only in the steps between a finished
+                request and its successor, while tritonserver's pre- and post-processing of those two
+                share the cores: served on the Qwen pair (2 cores), the (3, 0) cell read 130 ms
+                against 122 ms for (4, 0) and 84-99 ms in process, and the policy drafted at 3 rows
+                where plain steps were cheaper (steps of 240 ms for 2 tokens a row against 101 ms
+                for 1). Pooled with (1, 2), measured over whole requests, the same pass read 90 ms.
   draft(B, k)   k · d_B, d_B the median seconds per draft token at B rows (the nearest measured
                 B while B has none);
   overhead      the step's time outside drafting and verifying (Engine.cost["overhead"]).
@@ -107,26 +115,37 @@ class CostModel:
             self.draft_token.setdefault(batch, _Cell()).add(seconds / k)
 
     def samples_at(self, batch: int, k: int) -> int:
-        c = self.cells.get((batch, k))
-        return c.n if c else 0
+        """Samples behind verify(batch, k): every cell's of the same pass size."""
+        return self.pooled(batch * (k + 1))[0]
+
+    def pooled(self, tokens: int) -> tuple[int, float | None]:
+        """(samples taken in all, median of the recent ones) over every cell whose pass holds
+        ``tokens`` = B·(k+1) token rows; (0, None) if none was measured."""
+        n, recent = 0, []
+        for (b, k), c in self.cells.items():
+            if b * (k + 1) == tokens:
+                n += c.n
+                recent.extend(c.recent)
+        return n, (statistics.median(recent) if recent else None)
 
     def line(self) -> tuple[float, float] | None:
-        """(a, b) of verify ≈ a + b·T, T = B·(k+1), least squares over the measured cells (each
-        cell's median, one point per cell: a cell measured every step would otherwise outweigh
-        the rest); None while fewer than two pass sizes were seen. b is kept ≥ 0 (a pass is
-        never cheaper for holding more tokens; a negative slope is noise)."""
+        """(a, b) of verify ≈ a + b·T, T = B·(k+1), least squares over the measured pass sizes
+        (each T's pooled median, one point per T: a cell measured every step would otherwise
+        outweigh the rest); None while fewer than two pass sizes were seen. b is kept ≥ 0 (a pass
+        is never cheaper for holding more tokens; a negative slope is noise)."""
         if self._dirty:
             self._dirty = False
-            self._line = fit_line([(b * (k + 1), c.value) for (b, k), c in self.cells.items()])
+            sizes = {b * (k + 1) for b, k in self.cells}
+            self._line = fit_line([(t, self.pooled(t)[1]) for t in sizes])
         return self._line
 
     def verify(self, batch: int, k: int) -> float | None:
-        c = self.cells.get((batch, k))
-        if c is not None and c.n >= self.min_samples:
-            return c.value
+        n, value = self.pooled(batch * (k + 1))
+        if n >= self.min_samples:
+            return value
         ab = self.line()
         if ab is None:
-            return c.value if c is not None else None
+            return value
         return ab[0] + ab[1] * batch * (k + 1)
 
     def draft(self, batch: int, k: int) -> float | None:
@@ -142,6 +161,8 @@ class CostModel:
         ab = self.line()
         return {"verify_line_s": None if ab is None else {"a": ab[0], "b_per_token": ab[1]},
                 "verify_s": {f"{b},{k}": round(m.value, 6) for (b, k), m in sorted(self.cells.items())},
+                "verify_by_tokens_s": {str(t): round(self.pooled(t)[1], 6)
+                                       for t in sorted({b * (k + 1) for b, k in self.cells})},
                 "draft_token_s": {str(b): round(m.value, 6) for b, m in sorted(self.draft_token.items())},
                 "catch_up_token_s": round(self.catch_up_token.value, 6) if self.catch_up_token.n else None}
 
