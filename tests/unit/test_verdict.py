@@ -47,9 +47,9 @@ class FakeClient:
                                 sent_at=sent, end_s=lat)
 
 
-def run(latency, *, concurrency=(1,), requests=8, max_requests=48, width=0.10, block=4):
+def run(latency, *, concurrency=(1,), requests=8, max_requests=48, width=0.10, block=4, latency_limit=None):
     settings = BenchSettings(concurrency=concurrency, requests=requests, warmup=0, output_lens=(16,), block=block,
-                             interval_width=width, max_requests=max_requests)
+                             interval_width=width, max_requests=max_requests, latency_limit=latency_limit)
     prompts = [PromptItem(i, f"p{i}", 4, "chars") for i in range(4)]
     return asyncio.run(bench_async(FakeClient(latency), prompts, settings))
 
@@ -102,6 +102,40 @@ def test_a_noisy_level_runs_to_its_budget_and_says_the_interval_is_wider():
     assert lv.stop["reason"] == "budget" and lv.stop["requests"] == 24 and lv.stop["blocks"] == 6
     assert "WIDER than the 10% asked" in lv.stop["text"] and lv.stop["width"] > 0.10
     assert len(lv.records("speculative")) == len(lv.records("baseline")) == 24
+
+
+def test_a_level_runs_on_while_a_tail_gate_is_undecided():
+    """Speculation at parity: the speedup's interval is narrow after the minimum. With the tail
+    gates' limit inside the P95 ratio's interval at that point, the level runs more blocks (the
+    same seeded traffic up to there); against 1.10, far above every interval, it stops where it
+    would without tail gates."""
+    traffic = lambda: lognormal(0.01, spec=0.5, base=0.5)  # noqa: E731
+    plain = run(traffic()).levels[0]
+    assert plain.stop["reason"] == "interval"
+    p95 = plain.intervals()["request_latency_p95"]
+    assert p95.low < p95.estimate < p95.high
+    held = run(traffic(), latency_limit=p95.estimate).levels[0]
+    assert held.stop["blocks"] > plain.stop["blocks"]
+    if held.stop["reason"] == "budget":
+        assert held.stop["undecided"] and "still straddle" in held.stop["text"]
+    decided = run(traffic(), latency_limit=1.10).levels[0]
+    assert decided.stop["reason"] == "interval" and decided.stop["blocks"] == plain.stop["blocks"]
+    assert "every tail-latency ratio is decided against 1.10" in decided.stop["text"]
+    with pytest.raises(ConfigError, match="latency_limit"):
+        BenchSettings(requests=16, latency_limit=1.1)
+    with pytest.raises(ConfigError, match="latency_limit"):
+        BenchSettings(requests=16, interval_width=0.1, max_requests=32, latency_limit=float("nan"))
+
+
+def test_undecided_latency_names_the_intervals_that_hold_the_limit():
+    from trtspec.client.intervals import Interval
+    from trtspec.client.loadgen import undecided_latency
+
+    ivs = {SPEEDUP: Interval(1.0, 0.5, 2.0, 2), "request_latency_p95": Interval(1.1, 0.87, 1.39, 2),
+           "ttft_p95": Interval(0.9, 0.8, 1.0, 2), "itl_p95": Interval(1.3, 1.2, 1.4, 2),
+           "request_latency_p99": Interval(None, None, None, 0)}
+    assert undecided_latency(ivs, 1.10) == ["request_latency_p95"]  # ttft passed, itl failed: both decided
+    assert undecided_latency(ivs, None) == []
 
 
 def test_the_minimum_runs_before_the_interval_is_judged():

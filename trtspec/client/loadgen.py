@@ -33,7 +33,7 @@ from trtspec.client.client import BASELINE_MODEL, SPECULATIVE_MODEL, AsyncLLMCli
 from trtspec.client.errors import ServerBusy, ServerRequestError, ServerUnavailable
 from trtspec.client.connect import open_client
 from trtspec.client.targets import ClientOptions
-from trtspec.client.intervals import SPEEDUP, Interval, level_intervals
+from trtspec.client.intervals import METRICS, SPEEDUP, Interval, level_intervals
 from trtspec.client.metrics import RequestRecord, Window, bucket_speedups, by_bucket, span, speedups, summarize
 from trtspec.client.openloop import SLO_METRICS, arrival_offsets, goodput, synthetic_length
 from trtspec.client.types import Sampling
@@ -145,6 +145,9 @@ class BenchSettings:
     # per model and level have run
     interval_width: float | None = None
     max_requests: int | None = None
+    # with interval_width: the tail gates' limit (1 + validation.gates.latency_tolerance). A level
+    # also runs on while some latency ratio's interval holds it (neither passed nor failed yet)
+    latency_limit: float | None = None
 
     @property
     def open_loop(self) -> bool:
@@ -184,6 +187,13 @@ class BenchSettings:
         elif self.max_requests is not None:
             raise ConfigError("max_requests", self.max_requests, "is a budget for interval_width, which is not set",
                               fix="set interval_width too, or drop max_requests")
+        if self.latency_limit is not None:
+            if self.interval_width is None:
+                raise ConfigError("latency_limit", self.latency_limit, "is read by interval_width's stop rule, "
+                                  "which is not set", fix="set interval_width too, or drop latency_limit")
+            if not (self.latency_limit > 0 and math.isfinite(self.latency_limit)):
+                raise ConfigError("latency_limit", self.latency_limit, "must be a finite ratio > 0",
+                                  fix="e.g. 1.10: speculative tail latency at most 1.10x the baseline's")
         if self.baseline_model == self.speculative_model:
             raise ConfigError("baseline_model", self.baseline_model, "is the same model as the speculative one",
                               fix="the baseline is ordinary decoding, e.g. ensemble_baseline")
@@ -651,23 +661,51 @@ def stop_rule(lv: LevelResult, settings: BenchSettings, requests: int, blocks: i
 
     It runs at least ``settings.requests``; the interval is judged after an even number of blocks,
     so that each model went first equally often; it stops at ``settings.max_requests`` whatever
-    the interval (then saying the interval is wider than asked)."""
+    the interval (then saying the interval is wider than asked).
+
+    With ``settings.latency_limit`` (validate: 1 + the tail gates' tolerance) the interval of every
+    latency ratio must also have left the limit, below it (the gate passes) or above it (it fails),
+    before the level stops short of the budget: two blocks give a t-interval on one degree of
+    freedom, so a P95 ratio of 1.10 read [0.87, 1.39] and failed its gate on that width alone."""
     asked, budget = settings.interval_width, settings.max_requests
     if requests < settings.requests and requests < budget:
         return None
-    iv = lv.intervals()[SPEEDUP]
+    intervals = lv.intervals()
+    iv = intervals[SPEEDUP]
     w = iv.width
     shown = "unbounded" if math.isinf(w) else f"{w:.1%}"
-    if blocks % 2 == 0 and w <= asked:
+    undecided = undecided_latency(intervals, settings.latency_limit)
+    if blocks % 2 == 0 and w <= asked and not undecided:
+        tail = (f", and every tail-latency ratio is decided against {settings.latency_limit:.2f}"
+                if settings.latency_limit is not None else "")
         return {"reason": "interval", "requests": requests, "blocks": blocks, "width": w, "asked": asked,
                 "budget": budget, "text": f"stopped after {blocks} blocks ({requests} requests per model): the "
-                                          f"speedup's 95 % interval spans {shown} of it, within the {asked:.0%} asked"}
+                                          f"speedup's 95 % interval spans {shown} of it, within the {asked:.0%} "
+                                          f"asked{tail}"}
     if requests >= budget:
+        why = [f"the speedup's 95 % interval spans {shown} of it, "
+               + ("WIDER than" if w > asked else "within") + f" the {asked:.0%} asked"]
+        if undecided:
+            why.append(f"{', '.join(METRICS[m][0] for m in undecided)} still straddle "
+                       f"{settings.latency_limit:.2f}")
         return {"reason": "budget", "requests": requests, "blocks": blocks, "width": None if math.isinf(w) else w,
-                "asked": asked, "budget": budget,
-                "text": f"request budget spent ({budget} per model, {blocks} blocks): the speedup's 95 % interval "
-                        f"spans {shown} of it, WIDER than the {asked:.0%} asked"}
+                "asked": asked, "budget": budget, "undecided": undecided,
+                "text": f"request budget spent ({budget} per model, {blocks} blocks): " + "; ".join(why)}
     return None
+
+
+def undecided_latency(intervals: dict, limit: float | None) -> list[str]:
+    """The latency metrics whose 95 % interval still holds ``limit`` (low <= limit < high): more
+    blocks could move their gate either way. [] without a limit."""
+    if limit is None:
+        return []
+    out = []
+    for m, iv in intervals.items():
+        if m == SPEEDUP or iv.estimate is None:
+            continue
+        if iv.low is not None and iv.high is not None and iv.low <= limit < iv.high:
+            out.append(m)
+    return out
 
 
 def output_len(settings: BenchSettings, i: int) -> int:

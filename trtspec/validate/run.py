@@ -176,12 +176,16 @@ async def validate_async(client: AsyncLLMClient | Sequence[AsyncLLMClient], reci
     eq, sampled = _worst(replicas)
 
     # 3. latency and acceptance under load, both models interleaved on the same prompts, in blocks
-    #    repeated until the speedup's interval is narrow enough or the request budget is spent
+    #    repeated until the speedup's interval is narrow enough and every tail gate is decided, or
+    #    the request budget is spent
     settings = BenchSettings(
         concurrency=levels, requests=v.requests_per_level, warmup=v.warmup_requests,
         output_lens=(v.max_tokens,), sampling=Sampling.from_recipe(v.sampling, v.max_tokens),
         speculative_model=speculative_model, baseline_model=baseline_model, block=v.block_requests,
-        interval_width=v.interval_width, max_requests=v.request_budget)
+        interval_width=v.interval_width, max_requests=v.request_budget,
+        # a level also runs on (within the budget) while a tail gate's interval holds its limit
+        latency_limit=(1 + v.gates.latency_tolerance
+                       if v.interval_width is not None and v.gates.latency_tolerance is not None else None))
     items = shape_prompts(prompts, None, clients[0].tokenizer)
     bench = await bench_async(clients if n > 1 else clients[0], items, settings, prompt_source=v.prompts,
                               progress=progress)
