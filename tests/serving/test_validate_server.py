@@ -19,6 +19,7 @@ from trtspec.config import parse_recipe
 from trtspec.triton.render import package
 from trtspec.triton.launch.server import TritonServer
 from tests.conftest import worker_threads
+from tests.serving.triton_stream import metric, metrics
 
 PROMPT = 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'
 
@@ -76,6 +77,26 @@ def test_client_streams_tokens_and_acceptance(url, tiny_target):
         with pytest.raises(ModelNotFound, match="ensemble_baseline") as ei:
             c.generate(PROMPT, model="ensemble_speculative")
         assert ei.value.status == "NOT_FOUND"
+
+
+def test_the_goodput_policy_shows_on_metrics(server, url):
+    """Per (batch size, draft length): the steps the policy chose and the costs it priced them at;
+    the baseline engine, which has no policy, shows none."""
+    m = server.endpoints.metrics
+    before = metrics(m)
+    with LLMClient(url) as c:
+        r = c.generate(PROMPT, Sampling(max_tokens=24))
+    after = metrics(m)
+
+    def moved(**labels):
+        return metric(after, "trtspec_policy_steps_total", **labels) - metric(before, "trtspec_policy_steps_total", **labels)
+
+    passes = r.perf["target_passes"]
+    assert passes > 0 and moved(model="tensorrt_llm") >= passes  # (a watchdog probe may add its own)
+    assert moved(model="tensorrt_llm", batch="1") >= passes
+    assert metric(after, "trtspec_policy_verify_seconds", model="tensorrt_llm", batch="1", draft_len="0") > 0
+    assert metric(after, "trtspec_policy_steps_total", model="tensorrt_llm_baseline") == 0
+    assert not any(k.startswith("trtspec_policy_") and 'model="tensorrt_llm_baseline"' in k for k in after)
 
 
 def test_async_client_runs_requests_concurrently(url):

@@ -162,6 +162,32 @@ def test_engine_model_exports_the_mean_draft_length_per_request():
     assert ("observe", "trtspec_draft_len", 2.0, {}) in finished_metric_ops(s, rss=1)
 
 
+def test_the_policy_metrics_count_steps_per_batch_and_k_and_show_its_prices():
+    """/metrics carries what the policy chose at each batch size and what it expects each step to
+    cost there: the served (3, 0) cell that misled it was found only by a debugging dump."""
+    from trtspec.triton.backend.engine import PolicyMetrics, policy_metric_specs
+
+    p = _policy(lambda B, k: 0.01 + 0.004 * B * (k + 1), 0.0005, batches=(1, 2), max_k=2)
+    for B in (1, 1, 2, 2, 2):
+        p.choose(B, [[0.9, 0.9]] * B)
+    view = p.served_view(3)
+    assert sum(view["steps"].values()) == 5 and sum(n for (b, _), n in view["steps"].items() if b == 2) == 3
+    assert view["verify_s"][(1, 1)] == pytest.approx(0.018)  # (2, 0): the same 2-row pass
+    assert view["verify_s"][(3, 0)] == pytest.approx(0.01 + 0.004 * 3)  # never measured: the line
+    assert view["draft_s"][(2, 2)] == pytest.approx(0.001) and view["draft_s"][(2, 0)] == 0.0
+    names = {(n, lab["batch"], lab["draft_len"]) for n, _, _, _, lab in policy_metric_specs(3, 2)}
+    assert len(names) == 3 * 3 * 3
+    pm = PolicyMetrics()
+    ops = pm.ops(view)
+    inc = {(lab["batch"], lab["draft_len"]): v for op, n, v, lab in ops if op == "increment"}
+    assert sum(inc.values()) == 5
+    assert ("set", "trtspec_policy_verify_seconds", pytest.approx(0.018), {"batch": "1", "draft_len": "1"}) in ops
+    p.choose(1, [[0.9, 0.9]])
+    again = [o for o in pm.ops(p.served_view(3)) if o[0] == "increment"]
+    assert [o[2] for o in again] == [1]  # only what changed since the last view
+    assert pm.ops(None) == []
+
+
 def test_policy_recovers_when_acceptance_comes_back():
     """Low-acceptance traffic drives the batch to k = 0, where nothing measures acceptance; the
     single-token probe every 64 plain steps sees it rise again, and drafting resumes."""

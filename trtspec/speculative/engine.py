@@ -405,6 +405,11 @@ class Engine:
             out["goodput"] = self.goodput.snapshot()
         return out
 
+    def policy_view(self) -> dict | None:
+        """The goodput policy's steps and prices per (batch size, k) for /metrics
+        (GoodputPolicy.served_view); None under another policy."""
+        return self.goodput.served_view(self.max_batch_size) if self.goodput is not None else None
+
     def _measure(self, draft_s: float, verify_s: float, K: int, drafted: int) -> None:
         """EMA of the costs the adaptive controller and `tune` need."""
         if K == 0:

@@ -205,6 +205,7 @@ class GoodputPolicy:
         self.accepted_at = [0.0] * max_k  # … and accepted
         self.steps_at: collections.Counter = collections.Counter()  # B → steps chosen at B
         self.chosen: collections.Counter = collections.Counter()  # k → steps
+        self.chosen_at: collections.Counter = collections.Counter()  # (B, k) → steps
         self.last: dict = {}  # the last decision: batch, k, why, expected goodput per k
 
     # ---------------------------------------------------------------- acceptance
@@ -281,6 +282,7 @@ class GoodputPolicy:
             k, why = 1, "probe"
         self.plain_run = self.plain_run + 1 if k == 0 else 0
         self.chosen[k] += 1
+        self.chosen_at[(batch, k)] += 1
         self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()}}
         return k
 
@@ -318,7 +320,17 @@ class GoodputPolicy:
                 if i < accepted:
                     self.accepted_at[i] += 1
 
+    def served_view(self, max_batch: int) -> dict:
+        """What a served engine reports on /metrics: the steps chosen per (B, k) so far, and the
+        verify and draft seconds the policy now prices each (B, k) at, B = 1 … ``max_batch``
+        (None where it has no estimate yet)."""
+        cells = [(b, k) for b in range(1, max_batch + 1) for k in range(self.max_k + 1)]
+        return {"steps": dict(self.chosen_at),
+                "verify_s": {c: self.cost.verify(*c) for c in cells},
+                "draft_s": {c: self.cost.draft(*c) for c in cells}}
+
     def snapshot(self) -> dict:
         return {"policy": "goodput", "chosen_k": {str(k): n for k, n in sorted(self.chosen.items())},
+                "chosen_at": {f"{b},{k}": n for (b, k), n in sorted(self.chosen_at.items())},
                 "deployment_acceptance": [round(a, 4) for a in self.deployment_alphas()],
                 "last": self.last, **self.cost.table()}

@@ -78,6 +78,49 @@ def engine_metric_specs(max_draft_len: int) -> list[tuple]:
     ]
 
 
+def policy_metric_specs(max_batch_size: int, max_draft_len: int) -> list[tuple]:
+    """The goodput policy's series, one per (batch size, draft length): what it chose and what it
+    expects each step to cost (runtime.adaptive.policy goodput; docs/serving.md)."""
+    out = []
+    for b in range(1, max_batch_size + 1):
+        for k in range(max_draft_len + 1):
+            labels = {"batch": str(b), "draft_len": str(k)}
+            out += [
+                ("trtspec_policy_steps_total", "Engine steps the goodput policy ran at this batch size and "
+                 "draft length (0 = ordinary decoding)", "COUNTER", None, labels),
+                ("trtspec_policy_verify_seconds", "Seconds the goodput policy expects a verify pass of this "
+                 "batch size and draft length to take (measured; 0 before it has an estimate)", "GAUGE", None, labels),
+                ("trtspec_policy_draft_seconds", "Seconds the goodput policy expects drafting this many tokens "
+                 "for this batch size to take (measured; 0 before it has an estimate)", "GAUGE", None, labels),
+            ]
+    return out
+
+
+class PolicyMetrics:
+    """Turns the cumulative view a finished request carries (Engine.policy_view) into metric ops:
+    counters move by what changed since the last view; the prices are set."""
+
+    def __init__(self):
+        self.seen: dict[tuple[int, int], int] = {}
+        self.lock = threading.Lock()
+
+    def ops(self, view: dict | None) -> list[tuple]:
+        if not view:
+            return []
+        out = []
+        with self.lock:
+            for (b, k), n in view["steps"].items():
+                delta = n - self.seen.get((b, k), 0)
+                if delta > 0:
+                    self.seen[(b, k)] = n
+                    out.append(("increment", "trtspec_policy_steps_total", delta, {"batch": str(b), "draft_len": str(k)}))
+        for name, key in (("trtspec_policy_verify_seconds", "verify_s"), ("trtspec_policy_draft_seconds", "draft_s")):
+            for (b, k), v in view[key].items():
+                if v is not None:
+                    out.append(("set", name, float(v), {"batch": str(b), "draft_len": str(k)}))
+        return out
+
+
 def finished_metric_ops(stats, cancelled: bool = False, rss: int | None = None) -> list[tuple]:
     ops = [
         ("increment", "trtspec_draft_tokens_total", stats.drafted, {}),
@@ -234,7 +277,8 @@ class _Stream:
         perf = self.perf_json(ev.stats) if ev.finished else ""
         if ev.finished:  # before the final response: a client that reads /metrics next sees this request
             self.model.metrics.apply(finished_metric_ops(ev.stats, ev.finish_reason == "cancelled",
-                                                         getattr(ev, "rss", None)))
+                                                         getattr(ev, "rss", None))
+                                     + self.model.policy_metrics.ops(self.model.policy_view(ev)))
         final = ev.finished and self.group.finish_one()
         flags = pb.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
         if self.req.streaming:  # new tokens only, never the prompt (as TRT-LLM streams)
@@ -309,6 +353,10 @@ class EngineModel:
         self.secret = secret_from_env()  # stop requests must be signed with it (trtspec.triton.access)
         self.metrics = Metrics(self.pb, self.name, args["model_version"])
         self.metrics.declare(engine_metric_specs(spec.max_draft_len if spec.method != "none" else 0))
+        self.policy_metrics = PolicyMetrics()
+        adaptive = spec.runtime.adaptive
+        if spec.method != "none" and adaptive.enabled and adaptive.policy == "goodput":
+            self.metrics.declare(policy_metric_specs(spec.limits.max_batch_size, spec.max_draft_len))
         self.pb.Logger.log_info(
             f"{self.name}: torch runtime ready (method {spec.method}, target {spec.target}, "
             f"max_batch_size {spec.limits.max_batch_size}, device {device}"
@@ -319,6 +367,14 @@ class EngineModel:
         if self.background.warm_up_error:
             self.pb.Logger.log_warn(f"{self.name}: the draft's warm-up in the engine thread failed "
                                     f"({self.background.warm_up_error}); the first requests compile it")
+
+    def policy_view(self, ev) -> dict | None:
+        """The goodput policy's view a finished event carries (worker mode), or the engine's own
+        (thread mode: this runs on the engine's thread)."""
+        view = getattr(ev, "policy", None)
+        if view is None and self.engine is not None:
+            view = self.engine.policy_view()
+        return view
 
     def _cpu_kernels(self) -> str | None:
         """Which weight-only kernels the engine's quantized CPU layers run on (None: none asked)."""

@@ -60,6 +60,7 @@ class WireEvent:
     stats: Any  # RequestStats
     new_logprobs: list[float] | None = None
     rss: int | None = None  # the worker's resident memory, on finished events
+    policy: dict | None = None  # on finished events: the goodput policy's view (Engine.policy_view)
 
 
 class WorkerError(TrtspecError):
@@ -315,7 +316,8 @@ def serve(conn: Connection) -> int:
     def callback_for(rid: int, coalesce: tuple[int, bool] | None):
         def send_event(ev) -> None:
             send(("event", rid, WireEvent(ev.new_tokens, ev.finished, ev.finish_reason, ev.stats, ev.new_logprobs,
-                                          resident_bytes() if ev.finished else None)))
+                                          resident_bytes() if ev.finished else None,
+                                          background.engine.policy_view() if ev.finished else None)))
 
         hand_on = send_event if coalesce is None else coalesced(send_event, *coalesce)
 
