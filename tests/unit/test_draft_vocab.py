@@ -151,13 +151,13 @@ def test_the_draft_reports_what_it_is_behind_and_what_its_catch_up_read():
     proposer = DraftModelProposer(_model("linear"), 2, 80)
     seq = list(range(1, 18))  # a prompt and the target's first token: 17 committed tokens
     proposer.prefill(0, seq)
-    assert proposer.behind([0], [seq], [16]) == 0  # the prompt, read at the first proposal, is not priced
-    assert proposer.behind([0], [seq + list(range(30, 40))], [16]) == 10  # ten plain steps' tokens are
+    assert proposer.behind([0], [seq]) == 16  # the prompt, read at the first proposal, is priced too
+    assert proposer.behind([0], [seq + list(range(30, 40))]) == 26  # ... and ten plain steps' tokens
     assert proposer.take_catch_up() == (0.0, 0)
     proposer.propose([0], [seq], [2], [Sampling()], [None])
     seconds, tokens = proposer.take_catch_up()
     assert tokens == 16 and seconds > 0 and proposer.take_catch_up() == (0.0, 0)
     proposer.accept([0], [seq + [5, 6]], [1], None)  # one draft token accepted, plus the target's
-    assert proposer.behind([0], [seq + [5, 6]], [16]) == 0  # 1-2 tokens: the batched feed's, not a catch-up
+    assert proposer.behind([0], [seq + [5, 6]]) == 0  # 1-2 tokens: the batched feed's, not a catch-up
     plain = seq + [5, 6] + list(range(20, 30))  # ten plain steps later
-    assert proposer.behind([0], [plain], [16]) >= 10
+    assert proposer.behind([0], [plain]) >= 10

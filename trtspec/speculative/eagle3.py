@@ -535,13 +535,13 @@ class Eagle3Proposer:
         self.catch_up_s, self.catch_up_tokens = 0.0, 0
         return out
 
-    def behind(self, slots: list[int], seqs: list[list[int]], prompt_lens: list[int]) -> int:
-        """Generated positions queued by plain steps that a catch-up would read before drafting (a
-        prompt not read yet does not count: every speculating request reads it once)."""
+    def behind(self, slots: list[int], seqs: list[list[int]]) -> int:
+        """Positions a catch-up would read before drafting: those queued by plain steps, and a
+        prompt not read yet (priced as the draft model's: DraftModelProposer.behind)."""
         total = 0
-        for s, seq, p in zip(slots, seqs, prompt_lens):
+        for s, seq in zip(slots, seqs):
             if len(seq) - 1 - self.valid[s] >= 2:
-                total += max(0, len(seq) - 1 - max(self.valid[s], p))
+                total += len(seq) - 1 - self.valid[s]
         return total
 
     def _catch_up(self, slots, seqs, most: int) -> None:

@@ -388,7 +388,7 @@ class Engine:
         catch_up = 0.0
         behind = getattr(self.proposer, "behind", None)
         if behind is not None:  # drafting after plain steps first reads what the draft skipped
-            late = behind(rows, [s.seq for s in slots], [len(s.req.prompt) for s in slots])
+            late = behind(rows, [s.seq for s in slots])
             # the steps the batch still has: the fewest tokens any row has left, two per step
             left = min(max(1, s.req.params.max_tokens - s.stats.generated) for s in slots) / 2
             catch_up = g.catch_up_share(late, left)

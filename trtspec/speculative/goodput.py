@@ -49,11 +49,11 @@ size, as for the Qwen pair at 4 rows on 2 cores) a probe teaches nothing about a
 costs a few plain steps: it then comes 8x as seldom, only to re-measure the costs.
 
 Catch-up: a draft model skips the tokens of plain steps and reads them in one pass when drafting
-resumes (proposers.DraftModelProposer). A step that drafts after plain ones pays that pass for the
-generated tokens skipped (a prompt not read yet is read once by any speculating request: not
-priced), spread over the steps the batch's requests have left (:meth:`GoodputPolicy.catch_up_share`),
+resumes, and reads a request's prompt at its first proposal (proposers.DraftModelProposer). A
+step that drafts pays that pass for every committed token the draft has not read, prompt
+included, spread over the steps the batch's requests have left (:meth:`GoodputPolicy.catch_up_share`),
 so a batch that has run plain for a while switches back only when speculation will pay the
-reading back. While the costs cannot be fitted yet (fewer than two pass sizes seen),
+reading back, and a request near its end does not read its whole prompt to draft a few steps. While the costs cannot be fitted yet (fewer than two pass sizes seen),
 the first step drafts ``max_k`` and the next ones measure k = 0 and then the other lengths.
 
 No torch: unit tests drive it with synthetic costs.

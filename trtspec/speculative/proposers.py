@@ -127,15 +127,17 @@ class DraftModelProposer:
         self.catch_up_s, self.catch_up_tokens = 0.0, 0
         return out
 
-    def behind(self, slots: list[int], seqs: list[list[int]], prompt_lens: list[int]) -> int:
-        """Generated tokens the draft skipped (plain steps) and would read in a catch-up pass before
-        drafting for these rows. A prompt not read yet does not count: every speculating request
-        reads it once, now or later, so it is no reason to wait; tokens of plain steps are read only
-        because drafting stopped, and a batch that flips back and forth pays them again and again."""
+    def behind(self, slots: list[int], seqs: list[list[int]]) -> int:
+        """Committed tokens the draft has not read and would read in a catch-up pass before drafting
+        for these rows: the tokens of plain steps, and a prompt not read yet. The prompt counts
+        too: a request that ran plain until near its end pays its whole prompt to draft a few
+        steps (served on the Qwen pair, such catch-ups at the end of a closed loop's blocks cost
+        about a second each, 10 % of a level at concurrency 4); over a request's whole output it
+        costs a few ms a step."""
         total = 0
-        for s, seq, p in zip(slots, seqs, prompt_lens):
+        for s, seq in zip(slots, seqs):
             if len(seq) - 1 - self.valid[s] >= 2:  # 1 token is the batched feed's, not a catch-up
-                total += max(0, len(seq) - 1 - max(self.valid[s], p))
+                total += len(seq) - 1 - self.valid[s]
         return total
 
     def _catch_up(self, slots: list[int], seqs: list[list[int]]) -> None:
