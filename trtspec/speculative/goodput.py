@@ -53,8 +53,9 @@ resumes, and reads a request's prompt at its first proposal (proposers.DraftMode
 step that drafts pays that pass for every committed token the draft has not read, prompt
 included, spread over the steps the batch's requests have left (:meth:`GoodputPolicy.catch_up_share`),
 so a batch that has run plain for a while switches back only when speculation will pay the
-reading back, and a request near its end does not read its whole prompt to draft a few steps. While the costs cannot be fitted yet (fewer than two pass sizes seen),
-the first step drafts ``max_k`` and the next ones measure k = 0 and then the other lengths.
+reading back, and a request near its end does not read its whole prompt to draft a few steps.
+While the costs cannot be fitted yet (fewer than two pass sizes seen), the first step drafts
+``max_k`` and the next ones measure k = 0 and then the other lengths.
 
 No torch: unit tests drive it with synthetic costs.
 """
