@@ -44,7 +44,7 @@ from trtspec.speculative.model import (MLP, Attention, CausalLM, Int4Linear, Int
                                        kernel_layer_args, quantize_layer_weight_only_, rotate_half, step_inputs)
 from trtspec.speculative.kernels import wo_cpu
 from trtspec.speculative.loaders import loader_for
-from trtspec.speculative.proposers import Proposal
+from trtspec.speculative.proposers import DraftModelProposer, Proposal
 from trtspec.speculative.sampling import greedy_token, logits_to_probs, sample
 from trtspec.manifest import maybe_manifest
 from trtspec.speculative.model import read_hf_config
@@ -535,14 +535,9 @@ class Eagle3Proposer:
         self.catch_up_s, self.catch_up_tokens = 0.0, 0
         return out
 
-    def behind(self, slots: list[int], seqs: list[list[int]]) -> int:
-        """Positions a catch-up would read before drafting: those queued by plain steps, and a
-        prompt not read yet (priced as the draft model's: DraftModelProposer.behind)."""
-        total = 0
-        for s, seq in zip(slots, seqs):
-            if len(seq) - 1 - self.valid[s] >= 2:
-                total += len(seq) - 1 - self.valid[s]
-        return total
+    # positions a catch-up would read before drafting (queued by plain steps, and a prompt not read
+    # yet): counted from ``valid`` as the draft model's are
+    behind = DraftModelProposer.behind
 
     def _catch_up(self, slots, seqs, most: int) -> None:
         """Each row with more than ``most`` queued positions (a prompt, or plain steps' positions)

@@ -96,13 +96,18 @@ class CostModel:
     def __init__(self, min_samples: int = 3):
         self.min_samples = min_samples
         self.cells: dict[tuple[int, int], _Cell] = {}  # (B, k) → verify seconds
+        self.by_tokens: dict[int, list[_Cell]] = {}  # T = B·(k+1) → the cells of that pass size
         self.draft_token: dict[int, _Cell] = {}  # B → seconds per draft token
         self.catch_up_token = _Cell()  # seconds per committed token the draft reads late (catch-up)
         self._line: tuple[float, float] | None = None
         self._dirty = False
 
     def add_verify(self, batch: int, k: int, seconds: float) -> None:
-        self.cells.setdefault((batch, k), _Cell()).add(seconds)
+        c = self.cells.get((batch, k))
+        if c is None:
+            c = self.cells[(batch, k)] = _Cell()
+            self.by_tokens.setdefault(batch * (k + 1), []).append(c)
+        c.add(seconds)
         self._dirty = True
 
     def add_catch_up(self, tokens: int, seconds: float) -> None:
@@ -122,12 +127,9 @@ class CostModel:
     def pooled(self, tokens: int) -> tuple[int, float | None]:
         """(samples taken in all, median of the recent ones) over every cell whose pass holds
         ``tokens`` = B·(k+1) token rows; (0, None) if none was measured."""
-        n, recent = 0, []
-        for (b, k), c in self.cells.items():
-            if b * (k + 1) == tokens:
-                n += c.n
-                recent.extend(c.recent)
-        return n, (statistics.median(recent) if recent else None)
+        cells = self.by_tokens.get(tokens, ())
+        recent = [x for c in cells for x in c.recent]
+        return sum(c.n for c in cells), (statistics.median(recent) if recent else None)
 
     def line(self) -> tuple[float, float] | None:
         """(a, b) of verify ≈ a + b·T, T = B·(k+1), least squares over the measured pass sizes
@@ -136,8 +138,7 @@ class CostModel:
         is never cheaper for holding more tokens; a negative slope is noise)."""
         if self._dirty:
             self._dirty = False
-            sizes = {b * (k + 1) for b, k in self.cells}
-            self._line = fit_line([(t, self.pooled(t)[1]) for t in sizes])
+            self._line = fit_line([(t, self.pooled(t)[1]) for t in self.by_tokens])
         return self._line
 
     def verify(self, batch: int, k: int) -> float | None:
@@ -162,8 +163,7 @@ class CostModel:
         ab = self.line()
         return {"verify_line_s": None if ab is None else {"a": ab[0], "b_per_token": ab[1]},
                 "verify_s": {f"{b},{k}": round(m.value, 6) for (b, k), m in sorted(self.cells.items())},
-                "verify_by_tokens_s": {str(t): round(self.pooled(t)[1], 6)
-                                       for t in sorted({b * (k + 1) for b, k in self.cells})},
+                "verify_by_tokens_s": {str(t): round(self.pooled(t)[1], 6) for t in sorted(self.by_tokens)},
                 "draft_token_s": {str(b): round(m.value, 6) for b, m in sorted(self.draft_token.items())},
                 "catch_up_token_s": round(self.catch_up_token.value, 6) if self.catch_up_token.n else None}
 
