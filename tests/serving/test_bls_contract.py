@@ -47,7 +47,10 @@ NOT_IN_ROUNDS = {"presence_penalty", "frequency_penalty", "return_log_probs"}
 
 
 def repository(tiny_models, root, decoupled: bool):
-    package(parse_recipe(recipe_dict(*tiny_models, decoupled=decoupled)), root / "repo")
+    recipe = recipe_dict(*tiny_models, decoupled=decoupled)
+    # room for a request that runs for seconds (LONG), so a cancel that arrives late still shows
+    recipe["limits"]["max_seq_len"] = 2048
+    package(parse_recipe(recipe), root / "repo")
     return root / "repo"
 
 
@@ -215,13 +218,17 @@ def test_bls_unary_and_rejected_inputs_give_invalid_argument(unary_url):
 
 def test_a_client_that_goes_away_stops_the_relayed_request(server, url):
     """A streamed BLS request relayed to ensemble_baseline: the client cancels after 3 responses;
-    the BLS cancels its call, the ensemble's postprocessing stops the engine (not max_tokens)."""
-    long = 400
+    the BLS cancels its call, the ensemble's postprocessing stops the engine (not max_tokens).
+    The cancel crosses four hops (BLS, ensemble, postprocessing, engine stub), each polled: 350
+    tokens were seen on a loaded 2-core CI box (about 1.5 s at the tiny pair's rate), hence a
+    request that would run for several seconds."""
+    long = 1800
 
     def engine(name):
         return metric(metrics(server.endpoints.metrics), name, model="tensorrt_llm_baseline")
 
     before = engine("trtspec_generated_tokens_total")
+    cancelled = engine("trtspec_requests_cancelled_total")
     client = grpcclient.InferenceServerClient(url)
     q: queue.Queue = queue.Queue()
     client.start_stream(callback=lambda result, error: q.put(error))
@@ -239,4 +246,5 @@ def test_a_client_that_goes_away_stops_the_relayed_request(server, url):
     assert engine("trtspec_inflight_requests") == 0
     generated = engine("trtspec_generated_tokens_total") - before
     assert 0 < generated < long / 2, generated
+    assert engine("trtspec_requests_cancelled_total") == cancelled + 1  # stopped by the cancel
     assert stream(url, "tensorrt_llm_bls", text_request()).error is None  # still serving
