@@ -69,6 +69,32 @@ def test_a_cell_measured_only_under_load_is_outvoted_by_its_pass_size():
     assert p.best(1, [[0.94, 0.98]], overhead=0.0035)[0] == 2
 
 
+def test_a_pass_size_reads_its_least_loaded_cell():
+    """After traffic at 3-4 requests the (3, 0) cell holds nine loaded samples (130 ms) beside nine
+    quiet ones of (1, 2) (90 ms): a median of all eighteen read 109 ms and one request alone drafted
+    1 token where 2 paid. Contention only adds time: the pass size reads its cheaper cell."""
+    p = GoodputPolicy(2, explore_every=0, probe_every=0)
+    served = {(1, 0): 0.085, (1, 1): 0.075, (1, 2): 0.090, (3, 0): 0.130}
+    for (B, k), v in served.items():
+        for _ in range(9):
+            p.cost.add_verify(B, k, v)
+    p.cost.add_draft(1, 1, 0.020)
+    assert p.cost.verify(1, 2) == pytest.approx(0.090)
+    assert p.cost.verify(3, 0) == pytest.approx(0.090)
+    assert p.cost.samples_at(1, 2) == 18
+    assert p.best(1, [[0.94, 0.98]], overhead=0.0035)[0] == 2
+    # what the median of all samples would have read, and chosen
+    g1 = (1 + 0.94) / (0.075 + 0.020 + 0.0035)
+    g2 = (1 + 0.94 + 0.94 * 0.98) / (0.110 + 0.040 + 0.0035)
+    assert g1 > g2
+    # a cell with fewer than min_samples recent samples does not set the price alone
+    c = CostModel(min_samples=3)
+    c.add_verify(2, 0, 0.010)
+    for _ in range(3):
+        c.add_verify(1, 1, 0.050)
+    assert c.verify(2, 0) == pytest.approx(0.050)
+
+
 def test_policy_picks_k0_when_verify_at_the_batch_size_makes_speculation_lose():
     """Verify cost grows with every token (compute-bound): at batch 8 one plain pass is the best buy."""
     p = _policy(lambda B, k: 0.004 + 0.004 * B * (k + 1), 0.0005)

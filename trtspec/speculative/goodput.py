@@ -15,8 +15,8 @@ plain rows share that read, while a verify pass over B·(k+1) tokens costs more 
 batch-1 ratios say; at some B every extra token costs more than it brings (the Qwen pair lost at
 concurrency 2 with a fixed k). The costs:
 
-  verify(B, k)  the median of the recent samples (the last 9 of each cell) of every cell with the
-                same pass size T = B·(k+1), once they number ``min_samples``, else a least-squares
+  verify(B, k)  the lowest median (of its last 9 samples) among the cells with the same pass size
+                T = B·(k+1), once they number ``min_samples`` samples, else a least-squares
                 line a + b·T over the measured pass sizes (SmartSpec models a batch's time by its
                 batched tokens; [3, 1] and [1, 3] run the same weights over the same 3 token rows).
                 Pooled, not per cell: a cell measured only at particular moments carries their load.
@@ -125,11 +125,22 @@ class CostModel:
         return self.pooled(batch * (k + 1))[0]
 
     def pooled(self, tokens: int) -> tuple[int, float | None]:
-        """(samples taken in all, median of the recent ones) over every cell whose pass holds
-        ``tokens`` = B·(k+1) token rows; (0, None) if none was measured."""
+        """(samples taken in all, seconds) over every cell whose pass holds ``tokens`` = B·(k+1)
+        token rows: the lowest median among those cells with ``min_samples`` recent samples, else
+        the median of all their recent samples; (0, None) if none was measured.
+
+        The lowest, not the median of everything: contention only adds time, so of two cells that
+        run the same pass the cheaper one read it with less of another's load. A median of all
+        samples lets a loaded cell drag the quiet one with it: served on the Qwen pair after traffic
+        at 3-4 requests, nine (3, 0) samples at 130 ms and nine (1, 2) at 90 ms pooled to 109 ms,
+        and one request alone then drafted 1 token where 2 paid (86-96 ms in process)."""
         cells = self.by_tokens.get(tokens, ())
+        n = sum(c.n for c in cells)
+        settled = [c.value for c in cells if len(c.recent) >= self.min_samples]
+        if settled:
+            return n, min(settled)
         recent = [x for c in cells for x in c.recent]
-        return sum(c.n for c in cells), (statistics.median(recent) if recent else None)
+        return n, (statistics.median(recent) if recent else None)
 
     def line(self) -> tuple[float, float] | None:
         """(a, b) of verify ≈ a + b·T, T = B·(k+1), least squares over the measured pass sizes
