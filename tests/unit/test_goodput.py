@@ -95,6 +95,30 @@ def test_a_pass_size_reads_its_least_loaded_cell():
     assert c.verify(2, 0) == pytest.approx(0.050)
 
 
+def test_a_pass_never_costs_more_than_a_larger_one():
+    """Served on the Qwen pair after traffic at 2-8 requests: the 1-token pass, measured only in a
+    request's few plain steps (with prompts being read beside it), read 76 ms; the 2-token pass,
+    measured in every plain step at two rows, 68 ms. Fewer rows over the same weights never cost
+    more: the 1-token pass is priced at most at the 2-token one, and so is a pass size priced by
+    the line."""
+    c = CostModel(min_samples=3)
+    for (B, k), v in {(1, 0): 0.0762, (2, 0): 0.0680, (1, 1): 0.0640, (1, 2): 0.0822, (4, 0): 0.1005,
+                      (4, 1): 0.2154, (8, 0): 0.160}.items():
+        for _ in range(9):
+            c.add_verify(B, k, v)
+    assert c.verify(1, 0) == pytest.approx(0.0640)  # capped by T=2's pooled cost (the cheaper cell)
+    assert c.verify(2, 0) == pytest.approx(0.0640)
+    assert c.verify(1, 2) == pytest.approx(0.0822)  # already below every larger pass: unchanged
+    a, b = c.line()
+    assert c.verify(8, 1) == pytest.approx(a + 16 * b)  # T=16, above every measured pass: the line
+    assert c.verify(5, 0) == pytest.approx(min(a + 5 * b, 0.160))  # T=5 unmeasured: the line, capped by T=8
+    assert c.cap(8) == pytest.approx(0.160) and c.cap(9) == float("inf")  # T=8: (8, 0) and (4, 1)
+    c.add_verify(3, 0, 0.050)  # a new sample refreshes the caps
+    for _ in range(2):
+        c.add_verify(3, 0, 0.050)
+    assert c.verify(1, 0) == pytest.approx(0.050)
+
+
 def test_policy_picks_k0_when_verify_at_the_batch_size_makes_speculation_lose():
     """Verify cost grows with every token (compute-bound): at batch 8 one plain pass is the best buy."""
     p = _policy(lambda B, k: 0.004 + 0.004 * B * (k + 1), 0.0005)
