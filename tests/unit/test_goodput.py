@@ -119,6 +119,44 @@ def test_a_pass_never_costs_more_than_a_larger_one():
     assert c.verify(1, 0) == pytest.approx(0.050)
 
 
+def test_a_catch_up_is_spread_over_the_steps_the_batch_keeps_its_size():
+    """Closed loop at 2 on the Qwen pair's served costs: the batch drops to one row for a step or
+    two between a finished request and its successor. Spread over the lone row's remaining
+    output (20 steps), reading the 60 tokens of the plain 2-row steps looks cheap and the step
+    drafts; but the batch is back at 2 rows (plain) at once. Once stretches at one row are
+    known to last ~2 steps, the lone row stays plain; a stretch that goes on drafts again."""
+    def policy():
+        p = GoodputPolicy(2, explore_every=0, probe_every=0)
+        for (B, k), v in {(1, 0): 0.060, (1, 1): 0.068, (1, 2): 0.082, (2, 0): 0.068, (2, 1): 0.101,
+                          (2, 2): 0.160, (4, 0): 0.101}.items():
+            for _ in range(9):
+                p.cost.add_verify(B, k, v)
+        p.cost.add_draft(1, 1, 0.020)
+        for _ in range(3):
+            p.cost.add_catch_up(60, 0.180)  # 3 ms a token
+        return p
+
+    alphas = [[0.9, 0.9]]
+    fresh = policy()
+    assert fresh.stretch_left(1) is None  # no stretch at one row has ended yet
+    assert fresh.best(1, alphas, catch_up=fresh.catch_up_share(60, 20))[0] > 0
+
+    looped = policy()
+    for _ in range(6):  # 30 steps at two rows, 2 at one
+        for B, n in ((2, 30), (1, 2)):
+            for _ in range(n):
+                looped.stretch_left(B)
+    stay = looped.stretch_left(2)
+    assert stay == pytest.approx(29)  # two rows: long stretches
+    stay = looped.stretch_left(1)
+    assert stay == pytest.approx(1)  # the first step of a one-row stretch: ~2 steps typical
+    assert looped.best(1, alphas, catch_up=looped.catch_up_share(60, min(20, stay)))[0] == 0
+    for _ in range(9):  # the stretch went on (the other client stopped): a long one ahead
+        stay = looped.stretch_left(1)
+    assert stay == 10
+    assert looped.best(1, alphas, catch_up=looped.catch_up_share(60, min(20, stay)))[0] > 0
+
+
 def test_policy_picks_k0_when_verify_at_the_batch_size_makes_speculation_lose():
     """Verify cost grows with every token (compute-bound): at batch 8 one plain pass is the best buy."""
     p = _policy(lambda B, k: 0.004 + 0.004 * B * (k + 1), 0.0005)

@@ -386,12 +386,14 @@ class Engine:
         dep = g.deployment_alphas()
         alphas = [g.row_alphas(s.stats.reached, s.stats.accepted_at, dep) for s in slots]
         catch_up = 0.0
+        stay = g.stretch_left(batch)  # every step: it tracks how long the batch keeps a size
         behind = getattr(self.proposer, "behind", None)
         if behind is not None:  # drafting after plain steps first reads what the draft skipped
             late = behind(rows, [s.seq for s in slots])
-            # the steps the batch still has: the fewest tokens any row has left, two per step
+            # the steps the batch still has at this size: the fewest tokens any row has left, two
+            # per step, or the steps it is expected to stay this size if fewer
             left = min(max(1, s.req.params.max_tokens - s.stats.generated) for s in slots) / 2
-            catch_up = g.catch_up_share(late, left)
+            catch_up = g.catch_up_share(late, left if stay is None else min(left, stay))
         return g.choose(batch, alphas, self.cost["overhead"] or 0.0, catch_up)
 
     def snapshot(self) -> dict:

@@ -55,8 +55,10 @@ Catch-up: a draft model skips the tokens of plain steps and reads them in one pa
 resumes, and reads a request's prompt at its first proposal (proposers.DraftModelProposer). A
 step that drafts pays that pass for every committed token the draft has not read, prompt
 included, spread over the steps the batch's requests have left (:meth:`GoodputPolicy.catch_up_share`),
-so a batch that has run plain for a while switches back only when speculation will pay the
-reading back, and a request near its end does not read its whole prompt to draft a few steps.
+or over the steps the batch is expected to keep its size if fewer (:meth:`GoodputPolicy.stretch_left`:
+in a closed loop at 2 the batch is at one row only between a request and its successor), so a
+batch that has run plain for a while switches back only when speculation will pay the reading
+back, and a request near its end does not read its whole prompt to draft a few steps.
 While the costs cannot be fitted yet (fewer than two pass sizes seen), the first step drafts
 ``max_k`` and the next ones measure k = 0 and then the other lengths.
 
@@ -249,6 +251,10 @@ class GoodputPolicy:
         self.chosen: collections.Counter = collections.Counter()  # k → steps
         self.chosen_at: collections.Counter = collections.Counter()  # (B, k) → steps
         self.last: dict = {}  # the last decision: batch, k, why, expected goodput per k
+        # stretches: how many steps in a row the batch keeps one size (stretch_left)
+        self.stretch_batch: int | None = None
+        self.stretch_steps = 0  # steps of the current stretch so far
+        self.stretch_len: dict[int, float] = {}  # B → moving average of the stretches at B that ended
 
     # ---------------------------------------------------------------- acceptance
 
@@ -299,6 +305,29 @@ class GoodputPolicy:
         if not behind_tokens or c is None:
             return 0.0
         return behind_tokens * c / max(steps_left, 1.0)
+
+    def stretch_left(self, batch: int) -> float | None:
+        """Call once per step with the step's batch size: the steps the batch is expected to keep
+        this size from now on, or None while no stretch at this size has ended yet. The expectation
+        is the longer of what stretches at this size lasted (a moving average) and what this one
+        has lasted so far: a stretch that has lasted long tends to go on.
+
+        Why: a catch-up pays back only while the batch drafts. In a closed loop at 2 requests the
+        batch drops to one row for a step or two between a finished request and its successor;
+        spread over the lone row's remaining output, the draft's catch-up (every token of the
+        plain 2-row steps) looked cheap, the step drafted, and the next step was back at 2 rows
+        and plain: the catch-up bought one drafting step, and then again at the next gap."""
+        if batch != self.stretch_batch:
+            if self.stretch_batch is not None:
+                old = self.stretch_len.get(self.stretch_batch)
+                n = float(self.stretch_steps)
+                self.stretch_len[self.stretch_batch] = n if old is None else 0.8 * old + 0.2 * n
+            self.stretch_batch, self.stretch_steps = batch, 0
+        self.stretch_steps += 1
+        typical = self.stretch_len.get(batch)
+        if typical is None:
+            return None
+        return max(typical - self.stretch_steps, float(self.stretch_steps))
 
     def choose(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0,
                catch_up: float = 0.0) -> int:
