@@ -157,6 +157,29 @@ def test_a_catch_up_is_spread_over_the_steps_the_batch_keeps_its_size():
     assert looped.best(1, alphas, catch_up=looped.catch_up_share(60, min(20, stay)))[0] > 0
 
 
+def test_a_refresh_does_not_draft_while_the_draft_has_to_catch_up():
+    """At two rows on the Qwen pair k=1 and k=0 were priced within 2 %, so the exploration refresh
+    (every 32 steps) drafted, and each time the draft first read every token both rows had
+    skipped. A refresh now drafts only while nothing is to be caught up; one that re-measures
+    k = 0 still runs, and so does a cell's first measurement."""
+    def policy():
+        p = GoodputPolicy(2, explore_every=8, probe_every=0)
+        for (B, k), v in {(1, 0): 0.060, (1, 1): 0.068, (1, 2): 0.082, (2, 0): 0.074, (2, 1): 0.108,
+                          (2, 2): 0.160, (4, 0): 0.108}.items():
+            for _ in range(9):
+                p.cost.add_verify(B, k, v)
+        p.cost.add_draft(2, 1, 0.036)
+        return p
+
+    alphas = [[0.9, 0.9]] * 2
+    caught_up, behind = policy(), policy()
+    assert caught_up.best(2, alphas)[0] == 0
+    plain = [caught_up.choose(2, alphas) for _ in range(64)]
+    assert plain.count(1) == 2  # steps 32 and 64: the refresh measures k=1
+    drafted = [behind.choose(2, alphas, catch_up=0.006) for _ in range(64)]
+    assert drafted.count(1) == 0 and drafted.count(2) == 0
+
+
 def test_policy_picks_k0_when_verify_at_the_batch_size_makes_speculation_lose():
     """Verify cost grows with every token (compute-bound): at batch 8 one plain pass is the best buy."""
     p = _policy(lambda B, k: 0.004 + 0.004 * B * (k + 1), 0.0005)

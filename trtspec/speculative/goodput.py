@@ -345,7 +345,10 @@ class GoodputPolicy:
             near = [j for j in range(self.max_k + 1) if j != k and g[j] >= self.explore_margin * g[k]]
             if near:
                 e = min(near, key=lambda j: (self.cost.samples_at(batch, j), -j))
-                refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
+                # a refresh that drafts only while the draft has nothing to catch up: served at two
+                # rows, where k=1 and k=0 were priced within 2 %, each refresh first read the ~60
+                # tokens both rows had skipped (pooled by pass size, the cell is priced anyway)
+                refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1 and (e == 0 or not catch_up)
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
         if k == 0 and self.probe_every and self.plain_run >= self.probe_every and (
