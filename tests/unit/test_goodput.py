@@ -119,6 +119,20 @@ def test_a_pass_never_costs_more_than_a_larger_one():
     assert c.verify(1, 0) == pytest.approx(0.050)
 
 
+def _served_two_rows(*, explore_every: int, two_rows: tuple[float, float], draft: tuple[int, float]) -> GoodputPolicy:
+    """A k ≤ 2 policy with the Qwen pair's served verify costs at one row and ``two_rows`` =
+    (the 2-token pass, the 4-token pass) seconds, nine samples each, and one draft sample
+    (batch, seconds per token)."""
+    p = GoodputPolicy(2, explore_every=explore_every, probe_every=0)
+    t2, t4 = two_rows
+    for (B, k), v in {(1, 0): 0.060, (1, 1): 0.068, (1, 2): 0.082, (2, 0): t2, (2, 1): t4, (2, 2): 0.160,
+                      (4, 0): t4}.items():
+        for _ in range(9):
+            p.cost.add_verify(B, k, v)
+    p.cost.add_draft(draft[0], 1, draft[1])
+    return p
+
+
 def test_a_catch_up_is_spread_over_the_steps_the_batch_keeps_its_size():
     """Closed loop at 2 on the Qwen pair's served costs: the batch drops to one row for a step or
     two between a finished request and its successor. Spread over the lone row's remaining
@@ -126,12 +140,7 @@ def test_a_catch_up_is_spread_over_the_steps_the_batch_keeps_its_size():
     drafts; but the batch is back at 2 rows (plain) at once. Once stretches at one row are
     known to last ~2 steps, the lone row stays plain; a stretch that goes on drafts again."""
     def policy():
-        p = GoodputPolicy(2, explore_every=0, probe_every=0)
-        for (B, k), v in {(1, 0): 0.060, (1, 1): 0.068, (1, 2): 0.082, (2, 0): 0.068, (2, 1): 0.101,
-                          (2, 2): 0.160, (4, 0): 0.101}.items():
-            for _ in range(9):
-                p.cost.add_verify(B, k, v)
-        p.cost.add_draft(1, 1, 0.020)
+        p = _served_two_rows(explore_every=0, two_rows=(0.068, 0.101), draft=(1, 0.020))
         for _ in range(3):
             p.cost.add_catch_up(60, 0.180)  # 3 ms a token
         return p
@@ -163,13 +172,7 @@ def test_a_refresh_does_not_draft_while_the_draft_has_to_catch_up():
     skipped. A refresh now drafts only while nothing is to be caught up; one that re-measures
     k = 0 still runs, and so does a cell's first measurement."""
     def policy():
-        p = GoodputPolicy(2, explore_every=8, probe_every=0)
-        for (B, k), v in {(1, 0): 0.060, (1, 1): 0.068, (1, 2): 0.082, (2, 0): 0.074, (2, 1): 0.108,
-                          (2, 2): 0.160, (4, 0): 0.108}.items():
-            for _ in range(9):
-                p.cost.add_verify(B, k, v)
-        p.cost.add_draft(2, 1, 0.036)
-        return p
+        return _served_two_rows(explore_every=8, two_rows=(0.074, 0.108), draft=(2, 0.036))
 
     alphas = [[0.9, 0.9]] * 2
     caught_up, behind = policy(), policy()
