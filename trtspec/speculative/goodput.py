@@ -131,7 +131,7 @@ class CostModel:
 
     def samples_at(self, batch: int, k: int) -> int:
         """Samples behind verify(batch, k): every cell's of the same pass size."""
-        return self.pooled(batch * (k + 1))[0]
+        return self._pooled.get(batch * (k + 1), (0, None))[0]
 
     def pooled(self, tokens: int) -> tuple[int, float | None]:
         """(samples taken in all, seconds) over every cell whose pass holds ``tokens`` = B·(k+1)
@@ -206,7 +206,7 @@ class CostModel:
         ab = self.line()
         return {"verify_line_s": None if ab is None else {"a": ab[0], "b_per_token": ab[1]},
                 "verify_s": {f"{b},{k}": round(m.value, 6) for (b, k), m in sorted(self.cells.items())},
-                "verify_by_tokens_s": {str(t): round(self.pooled(t)[1], 6) for t in sorted(self.by_tokens)},
+                "verify_by_tokens_s": {str(t): round(self._pooled[t][1], 6) for t in sorted(self._pooled)},
                 "draft_token_s": {str(b): round(m.value, 6) for b, m in sorted(self.draft_token.items())},
                 "catch_up_token_s": round(self.catch_up_token.value, 6) if self.catch_up_token.n else None}
 
@@ -308,9 +308,10 @@ class GoodputPolicy:
 
     def stretch_left(self, batch: int) -> float | None:
         """Call once per step with the step's batch size: the steps the batch is expected to keep
-        this size from now on, or None while no stretch at this size has ended yet. The expectation
-        is the longer of what stretches at this size lasted (a moving average) and what this one
-        has lasted so far: a stretch that has lasted long tends to go on.
+        this size from now on, or None while no stretch at this size has ended yet: what a stretch
+        of the typical length at this size (a moving average of the ended ones) would still have,
+        or as many steps again as this one has lasted, whichever is more (a stretch that has
+        lasted long tends to go on).
 
         Why: a catch-up pays back only while the batch drafts. In a closed loop at 2 requests the
         batch drops to one row for a step or two between a finished request and its successor;
