@@ -6,6 +6,7 @@ instead of recomputing; batching, EOS, max-tokens and adaptive drafting behave.
 
 from __future__ import annotations
 
+import json
 
 import pytest
 import torch
@@ -759,3 +760,25 @@ def test_unknown_policy_is_refused_by_name():
 
     with pytest.raises(TrtspecError, match="policy.*'bogus'"):
         Engine(ScriptedLM(), ScriptedProposer(), adaptive=True, policy="bogus")
+
+
+def test_step_trace_records_each_prefill_and_step_with_its_batch_and_draft_length(tmp_path):
+    """Engine.trace (TRTSPEC_STEP_TRACE in a served worker): one record per prefill and per step,
+    each step with its batch size, draft length, the policy's reason and its seconds."""
+    from trtspec.triton.backend.worker import step_trace_writer
+
+    eng = Engine(ScriptedLM(), ScriptedProposer(), max_draft_len=3, max_batch_size=2, adaptive=True,
+                 policy="goodput")
+    _synthetic_costs(eng, 2, lambda k: 0.01, 0.0)
+    _synthetic_costs(eng, 1, lambda k: 0.01, 0.0)
+    eng.trace = step_trace_writer(str(tmp_path / "steps"), "draft_target")
+    outs = eng.generate([[0], [5]], Sampling(max_tokens=9, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [list(range(1, 10)), [t % 16 for t in range(6, 15)]]
+    (path,) = tmp_path.glob("steps.draft_target.*.jsonl")
+    events = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [e["event"] for e in events[:2]] == ["prefill", "prefill"]
+    steps = [e for e in events if e["event"] == "step"]
+    assert len(steps) == eng.snapshot()["steps"] and {e["B"] for e in steps} == {2}
+    assert all(e["k"] == 3 and e["why"] == "goodput" and e["accepted"] == 6 for e in steps[:-1])
+    assert all(e["ms"] >= e["verify_ms"] >= 0 for e in steps)
+    assert steps[0]["since_last_ms"] is None and steps[1]["since_last_ms"] >= 0

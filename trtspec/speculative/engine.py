@@ -152,6 +152,9 @@ class Engine:
         self.cost = {"draft_token": None, "target_step": None, "verify": {}, "overhead": None}
         self._last_step_end: float | None = None  # consecutive steps only: a prefill between resets it
         self._ids = itertools.count(1)
+        # a step trace for diagnosis (TRTSPEC_STEP_TRACE in a served worker): called with one dict per
+        # prefill and per step (batch, k, why, seconds); None: nothing is recorded
+        self.trace: Callable[[dict], None] | None = None
 
     # ------------------------------------------------------------------ requests
 
@@ -223,6 +226,8 @@ class Engine:
         stats.ttft_s = now - req.submitted
         self._last_step_end = None  # the next step's gap holds this prefill: not per-step overhead
         stats.started = t0
+        if self.trace is not None:
+            self.trace({"t": round(t0, 4), "event": "prefill", "prompt": len(prompt), "ms": round(stats.prefill_s * 1e3, 2)})
         self.slots[slot] = s
         return self._commit(slot, [first], now, first_lp)
 
@@ -358,6 +363,7 @@ class Engine:
         verify_s = t2 - t1
         self._measure(draft_s, verify_s, K, sum(n_drafted))
         self.chosen_k[max(ks, default=0)] += 1
+        late_tokens = 0
         if self.goodput is not None:  # capped steps too: they measure (B, 0)
             # external drafts (the client's) say nothing about the proposer's acceptance
             take = getattr(self.proposer, "take_catch_up", None)  # tokens read late: priced apart
@@ -365,6 +371,13 @@ class Engine:
             self.goodput.cost.add_catch_up(late_tokens, late_s)
             self.goodput.observe(B, K, verify_s, max(0.0, draft_s - late_s),
                                  [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)])
+        if self.trace is not None:
+            self.trace({"t": round(t0, 4), "event": "step", "B": B, "k": K,
+                        "why": self.goodput.last.get("why") if self.goodput is not None and batch_k is not None else None,
+                        "draft_ms": round(draft_s * 1e3, 2), "verify_ms": round(verify_s * 1e3, 2),
+                        "ms": round((t3 - t0) * 1e3, 2),
+                        "since_last_ms": None if self._last_step_end is None else round((t0 - self._last_step_end) * 1e3, 2),
+                        "accepted": sum(accepted), "late": late_tokens})
         if self._last_step_end is not None and t0 - self._last_step_end < 0.05:
             # this step's wall time since the last one ended, less what draft and verify took
             self._measure_overhead(t3 - self._last_step_end - draft_s - verify_s)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import itertools
+import json
 import os
 import shutil
 import socket
@@ -283,6 +284,19 @@ def one_load_at_a_time():
         os.close(fd)
 
 
+STEP_TRACE_ENV = "TRTSPEC_STEP_TRACE"  # a path prefix: each engine worker appends to <prefix>.<method>.<pid>.jsonl
+
+
+def step_trace_writer(prefix: str, method: str) -> Callable[[dict], None]:
+    """The engine's ``trace`` callback for ``TRTSPEC_STEP_TRACE``: appends one JSON line per event
+    to ``<prefix>.<method>.<pid>.jsonl`` (line-buffered, so a killed worker keeps what it wrote)."""
+    f = open(f"{prefix}.{method}.{os.getpid()}.jsonl", "a", buffering=1)
+
+    def write(event: dict) -> None:
+        f.write(json.dumps(event) + "\n")
+    return write
+
+
 def serve(conn: Connection) -> int:
     """Build the engine from the first frame's RuntimeSpec, then run it until told to stop (or the
     stub is gone)."""
@@ -301,6 +315,9 @@ def serve(conn: Connection) -> int:
                 threads = pick_thread_count(engine)
             except Exception:  # noqa: BLE001 - keep the configured count, as BackgroundEngine.run does
                 threads = None
+        trace_to = os.environ.get(STEP_TRACE_ENV)
+        if trace_to:  # diagnosis: one JSON line per prefill and per step, a file per worker
+            engine.trace = step_trace_writer(trace_to, spec.method)
         background = BackgroundEngine(engine, max_queue=max_queue, pick_threads=False, start=False)
         background.threads = threads
     except Exception as e:  # noqa: BLE001 - reported to the stub, which fails its initialize
