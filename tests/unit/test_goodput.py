@@ -346,6 +346,29 @@ def test_policy_probes_every_64_plain_steps_for_acceptance_and_every_512_where_t
     assert whys[512] == (1, "probe")
 
 
+def test_a_draft_length_is_priced_by_its_own_drafting_time_not_k_times_the_first_tokens():
+    """Served on the Qwen pair at one row: a step drafting 1 token spent 24 ms drafting, one
+    drafting 2 spent 39.5 ms (the first draft call reads the tokens accepted last step). Priced at
+    k times a per-token median taken mostly from k = 1 steps, k = 2 looked slower than k = 1
+    (20.8 against 21.2 tokens/s) while it was faster (22.8 against 21.8 by the steps' medians)."""
+    verify = {0: 0.060, 1: 0.066, 2: 0.083}
+    p = _policy(lambda B, k: verify[k], 0.024, batches=(1,), max_k=2, explore_every=0, probe_every=0)
+    for _ in range(9):
+        p.cost.add_draft(1, 1, 0.024)
+    for _ in range(3):
+        p.cost.add_draft(1, 2, 0.0395)
+    assert p.cost.draft(1, 1) == pytest.approx(0.024) and p.cost.draft(1, 2) == pytest.approx(0.0395)
+    alphas = [[0.91, 0.89]]
+    k, g = p.best(1, alphas)
+    assert k == 2 and g[2] == pytest.approx(2.72 / 0.1225, rel=0.01), g
+    # a length not measured at this batch size: the line through the lengths that were
+    p3 = _policy(lambda B, k: 0.06 + 0.01 * k, 0.02, batches=(1,), max_k=3)
+    for k3, sec in ((1, 0.024), (2, 0.0395)):
+        for _ in range(3):
+            p3.cost.add_draft(1, k3, sec)
+    assert p3.cost.draft(1, 3) == pytest.approx(0.055)
+
+
 def test_catch_up_is_priced_spread_over_the_steps_left():
     """Drafting after plain steps first reads what the draft skipped: a batch near its end does
     not switch back for a long catch-up; a new request's prompt over its whole output does."""
