@@ -346,6 +346,36 @@ def test_policy_probes_every_64_plain_steps_for_acceptance_and_every_512_where_t
     assert whys[512] == (1, "probe")
 
 
+def test_probes_keep_to_their_budget_when_each_reads_a_long_catch_up():
+    """At two rows a probe first reads every token both rows skipped: served on the Qwen pair it
+    took 444 ms against 70 ms for a plain step, 8 % of the time at one probe per 64 steps. The
+    probes now keep to ``probe_budget`` (2 %) of the step time: after a probe that cost P above a
+    plain step the next waits until the steps since took P / 0.02 seconds. A cheap probe still
+    comes every 64 steps (the test above)."""
+    verify = lambda B, k: 0.035 * B + 0.02 * B * k  # noqa: E731 - 70 ms plain at two rows, 110 ms at k = 1
+    # a probe: 110 ms verify + 10 ms drafting + 300 ms catch-up, 350 ms over a plain step
+    p = _policy(verify, 0.01, batches=(2,), explore_every=0)
+    p.cost.add_catch_up(100, 0.3)  # 3 ms per token read late
+    for _ in range(100):  # acceptance fell: every draft token rejected
+        p.observe(2, 1, verify(2, 1), 0.01, [(1, 0), (1, 0)])
+    probes, extra, total = [], 0.0, 0.0
+    for step in range(3000):
+        k = p.choose(2, [p.row_alphas([], [])] * 2)
+        late = 0.3 if k else 0.0  # the 100 tokens the two rows skipped since the draft last read
+        step_s = verify(2, k) + 0.01 * k + late
+        p.observe(2, k, verify(2, k), 0.01 * k, [(k, 0)] * 2, late_s=late)
+        if k:
+            assert p.last["why"] == "probe"
+            probes.append(step)
+            extra += step_s - verify(2, 0)
+        total += step_s
+    assert probes[0] == 64  # the first as before: nothing has been spent yet
+    gaps = [b - a for a, b in zip(probes, probes[1:])]
+    assert gaps and min(gaps) >= 0.35 / 0.02 / 0.07, gaps  # 0.35 s over a plain step, paid back at 2 %
+    assert extra / total <= 0.02 + 0.35 / total  # within budget, the last probe's cost aside
+    assert p.snapshot()["probes"] == len(probes) and p.snapshot()["last_probe_cost_s"] == pytest.approx(0.35)
+
+
 def test_a_draft_length_is_priced_by_its_own_drafting_time_not_k_times_the_first_tokens():
     """Served on the Qwen pair at one row: a step drafting 1 token spent 24 ms drafting, one
     drafting 2 spent 39.5 ms (the first draft call reads the tokens accepted last step). Priced at

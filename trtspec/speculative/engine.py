@@ -370,7 +370,8 @@ class Engine:
             late_s, late_tokens = take() if take else (0.0, 0)
             self.goodput.cost.add_catch_up(late_tokens, late_s)
             self.goodput.observe(B, K, verify_s, max(0.0, draft_s - late_s),
-                                 [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)])
+                                 [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)],
+                                 late_s=late_s)
         if self.trace is not None:
             self.trace({"t": round(t0, 4), "event": "step", "B": B, "k": K,
                         "why": self.goodput.last.get("why") if self.goodput is not None and batch_k is not None else None,

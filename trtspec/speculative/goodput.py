@@ -52,7 +52,12 @@ step drafts a single token (a probe): k = 0 measures no acceptance, so without i
 whose acceptance fell (other traffic) would never see it rise again. Where k = 0 is the costs'
 verdict instead (even every draft token accepted would not beat ordinary decoding at this batch
 size, as for the Qwen pair at 4 rows on 2 cores) a probe teaches nothing about acceptance and
-costs a few plain steps: it then comes 8x as seldom, only to re-measure the costs.
+costs a few plain steps: it then comes 8x as seldom, only to re-measure the costs. A probe
+also reads every token the draft skipped (the catch-up below), which at two rows or more can cost
+more than the plain steps it follows are worth: so probes keep to a budget, ``probe_budget`` of
+the step time (2 %): after a probe that cost P seconds more than a plain step, the next waits until
+the steps since have taken P / ``probe_budget`` seconds (served on the Qwen pair at two rows, a
+probe took 444 ms against 70 for a plain step: every 64 steps that was 8 % of the time).
 
 Catch-up: a draft model skips the tokens of plain steps and reads them in one pass when drafting
 resumes, and reads a request's prompt at its first proposal (proposers.DraftModelProposer). A
@@ -255,7 +260,8 @@ class GoodputPolicy:
     how many draft tokens each row had accepted (:meth:`observe`)."""
 
     def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
-                 probe_every: int = 64, prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.99):
+                 probe_every: int = 64, probe_budget: float = 0.02, prior_strength: float = 8.0,
+                 prior_alpha: float = 0.6, decay: float = 0.99):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
         self.min_samples = min_samples
@@ -266,6 +272,11 @@ class GoodputPolicy:
         # them, in case they were taken while another tenant loaded the machine: 8x as seldom
         self.cost_probe_every = 8 * probe_every
         self.plain_run = 0  # steps in a row at k = 0
+        self.probe_budget = probe_budget
+        self.probe_cost_s = 0.0  # what the last probe cost above a plain step, its catch-up included
+        self.since_probe_s = 0.0  # seconds of steps since it
+        self._probing = False  # the step chosen last is a probe
+        self.probes = 0  # probes so far
         self._drafted_last = False  # the last observed step drafted
         self.prior_strength = prior_strength
         self.prior_alpha = prior_alpha
@@ -377,14 +388,20 @@ class GoodputPolicy:
                 refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1 and (e == 0 or not catch_up)
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
-        if k == 0 and self.probe_every and self.plain_run >= self.probe_every and (
+        if k == 0 and self.probe_every and self.plain_run >= self.probe_every and self._probe_affordable() and (
                 self.plain_run >= self.cost_probe_every or self._acceptance_bound(batch, overhead, catch_up)):
             k, why = 1, "probe"
+        self._probing = why == "probe"
+        self.probes += self._probing
         self.plain_run = self.plain_run + 1 if k == 0 else 0
         self.chosen[k] += 1
         self.chosen_at[(batch, k)] += 1
         self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()}}
         return k
+
+    def _probe_affordable(self) -> bool:
+        """Has the time since the last probe paid for it within ``probe_budget``?"""
+        return self.probe_cost_s <= self.probe_budget * self.since_probe_s
 
     def _acceptance_bound(self, batch: int, overhead: float, catch_up: float) -> bool:
         """Is k = 0 chosen for want of acceptance? Only then can a probe's measurement change the
@@ -401,9 +418,18 @@ class GoodputPolicy:
         return min(range(self.max_k + 1), key=lambda k: (self.cost.samples_at(batch, k), -k))
 
     def observe(self, batch: int, k: int, verify_s: float, draft_s: float,
-                rows: list[tuple[int, int]]) -> None:
-        """One step ran: a [batch, k+1] verify pass, ``draft_s`` of drafting, and per row
-        (drafted, accepted) of the proposer's tokens."""
+                rows: list[tuple[int, int]], late_s: float = 0.0) -> None:
+        """One step ran: a [batch, k+1] verify pass, ``draft_s`` of drafting, ``late_s`` of the
+        draft reading tokens it skipped (catch-up), and per row (drafted, accepted) of the
+        proposer's tokens."""
+        step_s = verify_s + draft_s + late_s
+        if self._probing:  # what the probe cost above the plain step it replaced
+            plain = self.cost.verify(batch, 0)
+            self.probe_cost_s = max(0.0, step_s - (plain if plain is not None else verify_s))
+            self.since_probe_s = 0.0
+            self._probing = False
+        else:
+            self.since_probe_s += step_s
         # a plain pass right after a drafting step reads target weights the draft pushed out of the
         # CPU's caches; plain decoding as a regime (what k = 0 is chosen for) does not pay that
         if k > 0 or not self._drafted_last:
@@ -433,4 +459,5 @@ class GoodputPolicy:
         return {"policy": "goodput", "chosen_k": {str(k): n for k, n in sorted(self.chosen.items())},
                 "chosen_at": {f"{b},{k}": n for (b, k), n in sorted(self.chosen_at.items())},
                 "deployment_acceptance": [round(a, 4) for a in self.deployment_alphas()],
+                "probes": self.probes, "last_probe_cost_s": round(self.probe_cost_s, 4),
                 "last": self.last, **self.cost.table()}
