@@ -782,3 +782,31 @@ def test_step_trace_records_each_prefill_and_step_with_its_batch_and_draft_lengt
     assert all(e["k"] == 3 and e["why"] == "goodput" and e["accepted"] == 6 for e in steps[:-1])
     assert all(e["ms"] >= e["verify_ms"] >= 0 for e in steps)
     assert steps[0]["since_last_ms"] is None and steps[1]["since_last_ms"] >= 0
+
+
+def test_a_cost_probe_verifies_a_free_guess_without_the_proposer():
+    """Where even every draft token accepted would not pay (the costs' verdict), a probe only
+    re-measures the verify pass. Served on the Qwen pair such a probe at 4 rows first read every
+    token the draft had skipped, 837-983 ms against 106 ms for a plain step, and stalled all four
+    requests (P95 at c=4 1.14x the baseline's). A cost probe verifies each row's last token again:
+    no proposer call, no catch-up; the verify cell is sampled, the draft's cost and the rows'
+    acceptance are not; the output is the plain one."""
+    prop = CountingProposer()
+    eng = Engine(ScriptedLM(), prop, max_draft_len=3, max_batch_size=2, adaptive=True, policy="goodput")
+    _synthetic_costs(eng, 2, lambda k: 0.02 * (k + 1), 0.01)  # every token row costs 10 ms: drafting never pays
+    _synthetic_costs(eng, 1, lambda k: 0.01 * (k + 1), 0.01)
+    g = eng.goodput
+    g.probe_every, g.cost_probe_every = 4, 8
+    g.probe_budget = 1e9  # the budget is tests/unit/test_goodput.py's subject: here every probe is due
+    verify_samples = g.cost.cells[(2, 1)].n
+    steps = []
+    eng.trace = steps.append
+    outs = eng.generate([[0], [5]], Sampling(max_tokens=30, ignore_eos=True))
+    assert [o.token_ids for o in outs] == [[t % 16 for t in range(1, 31)], [t % 16 for t in range(6, 36)]]
+    probes = [e for e in steps if e.get("why") == "cost probe"]
+    assert len(probes) >= 2 and all(e["k"] == 1 and e["draft_ms"] == 0 and e["accepted"] == 0 for e in probes)
+    assert prop.calls == 0  # nothing drafted, nothing caught up
+    assert g.cost.cells[(2, 1)].n == verify_samples + len(probes)  # the verify pass was measured
+    assert g.cost.draft_cells[(2, 1)].n == 1  # the draft's cost was not: no draft ran
+    assert all(o.stats.drafted == 0 and o.stats.accepted == 0 for o in outs)  # a guess is not a draft
+    assert g.snapshot()["probes"] == len(probes)

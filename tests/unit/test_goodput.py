@@ -343,7 +343,7 @@ def test_policy_probes_every_64_plain_steps_for_acceptance_and_every_512_where_t
     # cost-bound: every draft token doubles the step, so not even α = 1 pays; probes only re-measure
     whys = _probe_steps(lambda B, k: 0.01 + 0.02 * (B * (k + 1) - 1), 1030)
     assert [i for i, (k, _) in enumerate(whys) if k] == [512, 1025]
-    assert whys[512] == (1, "probe")
+    assert whys[512] == (1, "cost probe")  # the verify pass alone: no draft, no catch-up (the engine's test)
 
 
 def test_probes_keep_to_their_budget_when_each_reads_a_long_catch_up():

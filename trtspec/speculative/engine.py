@@ -35,7 +35,7 @@ import torch
 
 from trtspec.acceptance import ema
 from trtspec.errors import TrtspecError, one_line
-from trtspec.speculative.goodput import GoodputPolicy
+from trtspec.speculative.goodput import COST_PROBE, GoodputPolicy
 from trtspec.speculative.model import CausalLM, Step
 from trtspec.speculative.processors import ends_with_stop_word, log_probs, process_window
 from trtspec.speculative.proposers import Proposer
@@ -297,6 +297,13 @@ class Engine:
         ks = [self._draft_len(s, batch_k) for s in slots]
         if capped:  # plain decoding pays more than speculation there
             ks = [k if s.external else 0 for k, s in zip(ks, slots)]
+        # a cost probe re-measures the verify pass only: each row verifies its last token again, a
+        # free guess verified like any draft (lossless), and the proposer neither drafts nor catches up
+        cost_only = batch_k is not None and batch_k > 0 and self.goodput.last.get("why") == COST_PROBE
+        guessed = [cost_only and k > 0 and not s.external for s, k in zip(slots, ks)]
+        for s, k, g in zip(slots, ks, guessed):
+            if g:
+                s.external = [s.seq[-1]] * k
         ext = [bool(s.external) for s in slots]
         t0 = time.perf_counter()
 
@@ -359,7 +366,7 @@ class Engine:
 
         # draft time = proposing + the proposer's roll-back; the engine's own bookkeeping is not
         # drafting (without a proposer a step is ordinary decoding: draft time 0)
-        draft_s = (t1 - t0 + (t3 - t2)) if self.proposer is not None and K > 0 else 0.0
+        draft_s = (t1 - t0 + (t3 - t2)) if self.proposer is not None and K > 0 and not cost_only else 0.0
         verify_s = t2 - t1
         self._measure(draft_s, verify_s, K, sum(n_drafted))
         self.chosen_k[max(ks, default=0)] += 1
@@ -371,7 +378,7 @@ class Engine:
             self.goodput.cost.add_catch_up(late_tokens, late_s)
             self.goodput.observe(B, K, verify_s, max(0.0, draft_s - late_s),
                                  [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)],
-                                 late_s=late_s)
+                                 late_s=late_s, cost_only=cost_only)
         if self.trace is not None:
             self.trace({"t": round(t0, 4), "event": "step", "B": B, "k": K,
                         "why": self.goodput.last.get("why") if self.goodput is not None and batch_k is not None else None,
@@ -385,8 +392,11 @@ class Engine:
         events = []
         for b, (r, s) in enumerate(zip(rows, slots)):
             k_b = n_drafted[b]
-            s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s, batch=B,
-                                draft_len=ks[b])
+            if guessed[b]:  # a cost probe's guess is no draft: the request's acceptance leaves it out
+                s.stats.record_step(drafted=0, accepted=0, draft_s=0.0, verify_s=verify_s, batch=B, draft_len=0)
+            else:
+                s.stats.record_step(drafted=k_b, accepted=accepted[b], draft_s=draft_s, verify_s=verify_s, batch=B,
+                                    draft_len=ks[b])
             if s.adaptive is not None:
                 s.adaptive.update(k_b, accepted[b], self._cost_ratio(), self._verify_ratio())
             events.append(self._commit(r, new[b], t3, lps[b]))

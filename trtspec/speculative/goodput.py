@@ -51,8 +51,13 @@ goodput is not measured again and again). And after ``probe_every`` steps in a r
 step drafts a single token (a probe): k = 0 measures no acceptance, so without it a deployment
 whose acceptance fell (other traffic) would never see it rise again. Where k = 0 is the costs'
 verdict instead (even every draft token accepted would not beat ordinary decoding at this batch
-size, as for the Qwen pair at 4 rows on 2 cores) a probe teaches nothing about acceptance and
-costs a few plain steps: it then comes 8x as seldom, only to re-measure the costs. A probe
+size, as for the Qwen pair at 4 rows on 2 cores) a probe teaches nothing about acceptance: it then
+comes 8x as seldom, only to re-measure the verify pass, and it is a *cost probe*: each row verifies
+one free guess (its last token again), so the proposer does not run and the draft reads nothing
+it skipped. Served on the Qwen pair, a real probe at 4 rows took 837-983 ms against 106 for a
+plain step (the draft first read the ~45 tokens each row had skipped) and stalled all four
+requests: P95 request latency at c=4 read 1.14x the baseline's, though the steps were plain on
+99.5 % of the 4-row steps. A cost probe costs the verify pass alone (194 ms there). A probe
 also reads every token the draft skipped (the catch-up below), which at two rows or more can cost
 more than the plain steps it follows are worth: so probes keep to a budget, ``probe_budget`` of
 the step time (2 %): after a probe that cost P seconds more than a plain step, the next waits until
@@ -255,6 +260,9 @@ def fit_line(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return my - b * mx, b
 
 
+COST_PROBE = "cost probe"  # GoodputPolicy.last["why"]: verify one free draft token a row, no proposer
+
+
 class GoodputPolicy:
     """Chooses the batch's draft length each step; the engine reports what each step cost and
     how many draft tokens each row had accepted (:meth:`observe`)."""
@@ -388,10 +396,12 @@ class GoodputPolicy:
                 refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1 and (e == 0 or not catch_up)
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
-        if k == 0 and self.probe_every and self.plain_run >= self.probe_every and self._probe_affordable() and (
-                self.plain_run >= self.cost_probe_every or self._acceptance_bound(batch, overhead, catch_up)):
-            k, why = 1, "probe"
-        self._probing = why == "probe"
+        if k == 0 and self.probe_every and self.plain_run >= self.probe_every and self._probe_affordable():
+            if self._acceptance_bound(batch, overhead, catch_up):
+                k, why = 1, "probe"
+            elif self.plain_run >= self.cost_probe_every:
+                k, why = 1, COST_PROBE
+        self._probing = why in ("probe", COST_PROBE)
         self.probes += self._probing
         self.plain_run = self.plain_run + 1 if k == 0 else 0
         self.chosen[k] += 1
@@ -418,10 +428,11 @@ class GoodputPolicy:
         return min(range(self.max_k + 1), key=lambda k: (self.cost.samples_at(batch, k), -k))
 
     def observe(self, batch: int, k: int, verify_s: float, draft_s: float,
-                rows: list[tuple[int, int]], late_s: float = 0.0) -> None:
+                rows: list[tuple[int, int]], late_s: float = 0.0, cost_only: bool = False) -> None:
         """One step ran: a [batch, k+1] verify pass, ``draft_s`` of drafting, ``late_s`` of the
         draft reading tokens it skipped (catch-up), and per row (drafted, accepted) of the
-        proposer's tokens."""
+        proposer's tokens. ``cost_only``: a cost probe, whose draft tokens were free guesses, not
+        the proposer's: only its verify time is a sample."""
         step_s = verify_s + draft_s + late_s
         if self._probing:  # what the probe cost above the plain step it replaced
             plain = self.cost.verify(batch, 0)
@@ -434,8 +445,9 @@ class GoodputPolicy:
         # CPU's caches; plain decoding as a regime (what k = 0 is chosen for) does not pay that
         if k > 0 or not self._drafted_last:
             self.cost.add_verify(batch, k, verify_s)
-        self._drafted_last = k > 0
-        self.cost.add_draft(batch, k, draft_s)
+        self._drafted_last = k > 0 and not cost_only
+        if not cost_only:
+            self.cost.add_draft(batch, k, draft_s)
         # every step ages the evidence, plain ones too: while nothing drafts, the deployment's α
         # drifts back toward the prior, so a probe's few accepted tokens can move it
         self.reached = [r * self.decay for r in self.reached]
