@@ -78,6 +78,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2, help="ABBA rounds per level (each: both models once)")
     ap.add_argument("--requests", type=int, default=None, help="requests per genai-perf run [default: the recipe's "
                     "validation.block_requests, at least 2 per concurrent client]")
+    ap.add_argument("--report", default=None, help="the trtspec validation report.json to set genai-perf beside "
+                    "(e.g. one `trtspec validate -o DIR` wrote against this run's repository) [default: the run's own]")
+    ap.add_argument("--tag", default=None, help="appended to the output file names (genai_perf_levels_<recipe>_<tag>)")
     ap.add_argument("--perf-venv", default=str(ROOT / ".venv-perf"))
     ap.add_argument("--out", default=str(ROOT / "bench" / "results"))
     args = ap.parse_args()
@@ -86,7 +89,11 @@ def main() -> int:
     from trtspec.prompts import load_prompts
 
     run = pathlib.Path(args.run)
-    report = json.loads((run / "validate" / "report.json").read_text())
+    report_path = pathlib.Path(args.report) if args.report else run / "validate" / "report.json"
+    try:
+        report = json.loads(report_path.read_text())
+    except (OSError, ValueError) as e:
+        sys.exit(f"--report {report_path}: not a readable validation report.json ({e})")
     recipe = load_recipe(args.recipe or ROOT / "build_configs" / f"{report['recipe']}.yaml")
     repo = run / "package" / "repository"
     ours = trtspec_levels(report)
@@ -136,12 +143,12 @@ def main() -> int:
             proc.terminate()
             proc.wait(timeout=120)
     result = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "recipe": recipe.name,
-              "run": str(run), "verdict": report["verdict"].get("decision"),
+              "run": str(run), "report": str(report_path), "verdict": report["verdict"].get("decision"),
               "machine": f"{platform.machine()}, {os.cpu_count()} CPUs", "rounds": args.rounds,
               "prompts": v.prompts, "num_prompts": v.num_prompts, "max_tokens": v.max_tokens, "levels": rows}
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"genai_perf_levels_{recipe.name}"
+    stem = f"genai_perf_levels_{recipe.name}" + (f"_{args.tag}" if args.tag else "")
     (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
     md = [f"# genai-perf 0.0.16 beside trtspec, per level: {recipe.name} ({result['date']})", "",
           f"`python scripts/bench_genai_perf_levels.py {' '.join(sys.argv[1:])}` — the deployment `{run}` packaged, "
