@@ -376,6 +376,34 @@ def test_probes_keep_to_their_budget_when_each_reads_a_long_catch_up():
     assert p.snapshot()["probes"] == len(probes) and p.snapshot()["last_probe_cost_s"] == pytest.approx(0.35)
 
 
+def test_no_acceptance_probe_where_even_full_acceptance_would_gain_little():
+    """Served on the Qwen pair at c=2, the lone row between two requests chose k = 0 because the
+    draft's catch-up would not pay back over a few steps; every draft token accepted would have
+    beaten plain decoding by 4 %, so a probe ran anyway and read the skipped tokens (330 ms
+    against 61 ms for a plain step), six times in a level, with the acceptance fresh. A probe
+    now needs α = 1 to beat plain decoding by ``probe_upside`` (10 %); past ``cost_probe_every``
+    plain steps a cost probe (no draft) re-measures the verify pass as before."""
+    verify = {0: 0.060, 1: 0.066, 2: 0.083}
+    p = _policy(lambda B, k: verify[k], 0.024, batches=(1,), max_k=2, explore_every=0)
+    for k, sec in ((1, 0.024), (2, 0.0395)):
+        for _ in range(3):
+            p.cost.add_draft(1, k, sec)
+    alphas = [[0.9, 0.89]]
+    catch_up = 0.05  # 44 skipped tokens at ~5.5 ms, over a stretch of ~5 steps
+    k_fresh, g = p.best(1, alphas, catch_up=catch_up)
+    _, g_full = p.best(1, [[1.0, 1.0]], catch_up=catch_up)
+    assert k_fresh == 0 and 1.0 < g_full[2] / g[0] < 1.1  # full acceptance would gain 4 %
+    whys = []
+    for _ in range(600):
+        k = p.choose(1, alphas, catch_up=catch_up)
+        whys.append(p.last["why"])
+        p.observe(1, k, verify[k], 0.0 if k == 0 else p.cost.draft(1, k), [(k, k)])
+    assert "probe" not in whys
+    assert [i for i, w in enumerate(whys) if w == "cost probe"] == [512]
+    # the same lone row with nothing to catch up: drafting pays, no probe is needed either
+    assert p.best(1, alphas)[0] == 2
+
+
 def test_a_draft_length_is_priced_by_its_own_drafting_time_not_k_times_the_first_tokens():
     """Served on the Qwen pair at one row: a step drafting 1 token spent 24 ms drafting, one
     drafting 2 spent 39.5 ms (the first draft call reads the tokens accepted last step). Priced at

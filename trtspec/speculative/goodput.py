@@ -51,7 +51,8 @@ goodput is not measured again and again). And after ``probe_every`` steps in a r
 step drafts a single token (a probe): k = 0 measures no acceptance, so without it a deployment
 whose acceptance fell (other traffic) would never see it rise again. Where k = 0 is the costs'
 verdict instead (even every draft token accepted would not beat ordinary decoding at this batch
-size, as for the Qwen pair at 4 rows on 2 cores) a probe teaches nothing about acceptance: it then
+size by ``probe_upside``, 10 %, as for the Qwen pair at 4 rows on 2 cores, or at a lone row whose
+catch-up cannot pay back) a probe teaches nothing worth its price about acceptance: it then
 comes 8x as seldom, only to re-measure the verify pass, and it is a *cost probe*: each row verifies
 one free guess (its last token again), so the proposer does not run and the draft reads nothing
 it skipped. Served on the Qwen pair, a real probe at 4 rows took 837-983 ms against 106 for a
@@ -268,7 +269,8 @@ class GoodputPolicy:
     how many draft tokens each row had accepted (:meth:`observe`)."""
 
     def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
-                 probe_every: int = 64, probe_budget: float = 0.02, prior_strength: float = 8.0,
+                 probe_every: int = 64, probe_budget: float = 0.02, probe_upside: float = 0.10,
+                 prior_strength: float = 8.0,
                  prior_alpha: float = 0.6, decay: float = 0.99):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
@@ -281,6 +283,7 @@ class GoodputPolicy:
         self.cost_probe_every = 8 * probe_every
         self.plain_run = 0  # steps in a row at k = 0
         self.probe_budget = probe_budget
+        self.probe_upside = probe_upside  # a probe only where α = 1 would beat plain decoding by this much
         self.probe_cost_s = 0.0  # what the last probe cost above a plain step, its catch-up included
         self.since_probe_s = 0.0  # seconds of steps since it
         self._probing = False  # the step chosen last is a probe
@@ -414,12 +417,17 @@ class GoodputPolicy:
         return self.probe_cost_s <= self.probe_budget * self.since_probe_s
 
     def _acceptance_bound(self, batch: int, overhead: float, catch_up: float) -> bool:
-        """Is k = 0 chosen for want of acceptance? Only then can a probe's measurement change the
-        choice. Where even every draft token accepted (α = 1) would not beat ordinary decoding at
-        this batch size, k = 0 is the costs' verdict and a probe is a step lost (the Qwen pair at
-        4 rows: a probe cost 3 plain steps and bought nothing)."""
-        k, _ = self.best(batch, [[1.0] * self.max_k] * batch, overhead, catch_up)
-        return k != 0
+        """Is k = 0 chosen for want of acceptance, with something worth a probe at stake? Only then
+        can a probe's measurement change the choice for the better. Where even every draft token
+        accepted (α = 1) would not beat ordinary decoding at this batch size by ``probe_upside``
+        (10 %), k = 0 is the costs' verdict, or near enough that finding a higher acceptance would
+        gain little: a probe would cost more than it could buy. Served on the Qwen pair at c=2,
+        the lone row between two requests chose k = 0 because the draft's catch-up (~44 tokens)
+        would not pay back over a stretch of a few steps; α = 1 beat that by a few per cent, so a
+        probe ran anyway and read those tokens: 330 ms against 61 ms for a plain step, six times
+        in a level, while the deployment's acceptance (0.9) was fresh from the steps before."""
+        k, g = self.best(batch, [[1.0] * self.max_k] * batch, overhead, catch_up)
+        return k != 0 and g[k] >= (1.0 + self.probe_upside) * g[0]
 
     def _least_measured(self, batch: int, prefer: tuple[int, ...] = ()) -> int:
         for k in prefer:
