@@ -58,12 +58,12 @@ one free guess (its last token again), so the proposer does not run and the draf
 it skipped. Served on the Qwen pair, a real probe at 4 rows took 837-983 ms against 106 for a
 plain step (the draft first read the ~45 tokens each row had skipped) and stalled all four
 requests: P95 request latency at c=4 read 1.14x the baseline's, though the steps were plain on
-99.5 % of the 4-row steps. A cost probe costs the verify pass alone (194 ms there). A probe
+99.5 % of the 4-row steps. A cost probe costs the verify pass alone (202-212 ms there). A probe
 also reads every token the draft skipped (the catch-up below), which at two rows or more can cost
 more than the plain steps it follows are worth: so probes keep to a budget, ``probe_budget`` of
 the step time (2 %): after a probe that cost P seconds more than a plain step, the next waits until
-the steps since have taken P / ``probe_budget`` seconds (served on the Qwen pair at two rows, a
-probe took 444 ms against 70 for a plain step: every 64 steps that was 8 % of the time).
+the steps since have taken P / ``probe_budget`` seconds (in process on the Qwen pair at two rows,
+a probe took 444 ms against 70 for a plain step: every 64 steps that was 8 % of the time).
 
 Catch-up: a draft model skips the tokens of plain steps and reads them in one pass when drafting
 resumes, and reads a request's prompt at its first proposal (proposers.DraftModelProposer). A
@@ -270,8 +270,7 @@ class GoodputPolicy:
 
     def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
                  probe_every: int = 64, probe_budget: float = 0.02, probe_upside: float = 0.10,
-                 prior_strength: float = 8.0,
-                 prior_alpha: float = 0.6, decay: float = 0.99):
+                 prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.99):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
         self.min_samples = min_samples
