@@ -377,10 +377,11 @@ def test_probes_keep_to_their_budget_when_each_reads_a_long_catch_up():
 
 
 def test_no_acceptance_probe_where_even_full_acceptance_would_gain_little():
-    """Served on the Qwen pair at c=2, the lone row between two requests chose k = 0 because the
+    """Served on the Qwen pair at c=2, a lone row between two requests chose k = 0 because the
     draft's catch-up would not pay back over a few steps; every draft token accepted would have
-    beaten plain decoding by 4 %, so a probe ran anyway and read the skipped tokens (330 ms
-    against 61 ms for a plain step), six times in a level, with the acceptance fresh. A probe
+    beaten plain decoding by a few per cent, so a probe ran anyway and read the skipped tokens
+    (264-291 ms against ~70 for a plain step), and the next step was plain at two rows again,
+    with the acceptance fresh. A probe
     now needs α = 1 to beat plain decoding by ``probe_upside`` (10 %); past ``cost_probe_every``
     plain steps a cost probe (no draft) re-measures the verify pass as before."""
     verify = {0: 0.060, 1: 0.066, 2: 0.083}

@@ -420,11 +420,12 @@ class GoodputPolicy:
         can a probe's measurement change the choice for the better. Where even every draft token
         accepted (α = 1) would not beat ordinary decoding at this batch size by ``probe_upside``
         (10 %), k = 0 is the costs' verdict, or near enough that finding a higher acceptance would
-        gain little: a probe would cost more than it could buy. Served on the Qwen pair at c=2,
-        the lone row between two requests chose k = 0 because the draft's catch-up (~44 tokens)
-        would not pay back over a stretch of a few steps; α = 1 beat that by a few per cent, so a
-        probe ran anyway and read those tokens: 330 ms against 61 ms for a plain step, six times
-        in a level, while the deployment's acceptance (0.9) was fresh from the steps before."""
+        gain little: a probe would cost more than it could buy. Served on the Qwen pair at c=2, a
+        lone row between two requests chose k = 0 because the draft's catch-up would not pay back
+        over a stretch of a few steps; α = 1 beat that by a few per cent, so a probe ran anyway,
+        read the skipped tokens (264-291 ms against ~70 for a plain step) and the next step was
+        back at two rows, plain (2 of the level's 5 probes; after the other 3 the row kept
+        drafting). The deployment's acceptance (0.9) was fresh from the steps before."""
         k, g = self.best(batch, [[1.0] * self.max_k] * batch, overhead, catch_up)
         return k != 0 and g[k] >= (1.0 + self.probe_upside) * g[0]
 
