@@ -765,6 +765,7 @@ def test_unknown_policy_is_refused_by_name():
 def test_step_trace_records_each_prefill_and_step_with_its_batch_and_draft_length(tmp_path):
     """Engine.trace (TRTSPEC_STEP_TRACE in a served worker): one record per prefill and per step,
     each step with its batch size, draft length, the policy's reason and its seconds."""
+    from trtspec.errors import TrtspecError
     from trtspec.triton.backend.worker import step_trace_writer
 
     eng = Engine(ScriptedLM(), ScriptedProposer(), max_draft_len=3, max_batch_size=2, adaptive=True,
@@ -782,6 +783,8 @@ def test_step_trace_records_each_prefill_and_step_with_its_batch_and_draft_lengt
     assert all(e["k"] == 3 and e["why"] == "goodput" and e["accepted"] == 6 for e in steps[:-1])
     assert all(e["ms"] >= e["verify_ms"] >= 0 for e in steps)
     assert steps[0]["since_last_ms"] is None and steps[1]["since_last_ms"] >= 0
+    with pytest.raises(TrtspecError, match=r"TRTSPEC_STEP_TRACE=.*nowhere/steps: cannot write .*unset"):
+        step_trace_writer(str(tmp_path / "nowhere" / "steps"), "none")
 
 
 def test_a_cost_probe_verifies_a_free_guess_without_the_proposer():
@@ -809,4 +812,5 @@ def test_a_cost_probe_verifies_a_free_guess_without_the_proposer():
     assert g.cost.cells[(2, 1)].n == verify_samples + len(probes)  # the verify pass was measured
     assert g.cost.draft_cells[(2, 1)].n == 1  # the draft's cost was not: no draft ran
     assert all(o.stats.drafted == 0 and o.stats.accepted == 0 for o in outs)  # a guess is not a draft
+    assert eng.cost["draft_token"] is None  # nor is it draft work: `tune` and the acceptance policy read this
     assert g.snapshot()["probes"] == len(probes)

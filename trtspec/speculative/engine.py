@@ -368,7 +368,8 @@ class Engine:
         # drafting (without a proposer a step is ordinary decoding: draft time 0)
         draft_s = (t1 - t0 + (t3 - t2)) if self.proposer is not None and K > 0 and not cost_only else 0.0
         verify_s = t2 - t1
-        self._measure(draft_s, verify_s, K, sum(n_drafted))
+        # drafted by the proposer: a client's external draft or a cost probe's guess is no draft work
+        self._measure(draft_s, verify_s, K, sum(n for n, e in zip(n_drafted, ext) if not e))
         self.chosen_k[max(ks, default=0)] += 1
         late_tokens = 0
         if self.goodput is not None:  # capped steps too: they measure (B, 0)

@@ -290,7 +290,12 @@ STEP_TRACE_ENV = "TRTSPEC_STEP_TRACE"  # a path prefix: each engine worker appen
 def step_trace_writer(prefix: str, method: str) -> Callable[[dict], None]:
     """The engine's ``trace`` callback for ``TRTSPEC_STEP_TRACE``: appends one JSON line per event
     to ``<prefix>.<method>.<pid>.jsonl`` (line-buffered, so a killed worker keeps what it wrote)."""
-    f = open(f"{prefix}.{method}.{os.getpid()}.jsonl", "a", buffering=1)
+    path = f"{prefix}.{method}.{os.getpid()}.jsonl"
+    try:
+        f = open(path, "a", buffering=1)
+    except OSError as e:  # the first line is what the stub reports: it names the variable and the fix
+        raise TrtspecError(f"{STEP_TRACE_ENV}={prefix}: cannot write {path} ({e.strerror}); give a prefix in a "
+                           f"writable folder, or unset {STEP_TRACE_ENV}") from e
 
     def write(event: dict) -> None:
         f.write(json.dumps(event) + "\n")
