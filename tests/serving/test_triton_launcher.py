@@ -17,8 +17,8 @@ import urllib.request
 import pytest
 
 from trtspec.errors import ServerError
-from trtspec.triton.launch.server import (StopRequested, StopSignals, TritonServer, model_failures, models_still_loading,
-                                          native_abort)
+from trtspec.triton.launch.server import (StopRequested, StopSignals, TritonServer, find_tritonserver, model_failures,
+                                          models_still_loading, native_abort, prepare_backends, pytriton_dist)
 
 ECHO_CONFIG = """name: "{name}"
 backend: "python"
@@ -171,6 +171,56 @@ def test_a_native_abort_is_named_with_its_known_cause(tmp_path):
     server.log_path.write_text(ABORT_LOG)
     err = server._failure("tritonserver exited by itself (code -6)")
     assert "lock_exception" in err.message and err.fix.startswith("restart the server")
+
+
+def _aborting_once(tmp_path: pathlib.Path, abort: str) -> tuple[pathlib.Path, tuple[str, ...]]:
+    """A stand-in for tritonserver whose first start dies as Triton 2.51 does when a python stub
+    crashes while the models load (the lines it prints, then SIGABRT), and whose next start runs
+    the real server; and the flags that give the real one the bundled python backend."""
+    real, bundled = find_tritonserver()
+    extra: tuple[str, ...] = ()
+    if bundled:
+        extra = (f"--backend-directory={prepare_backends(tmp_path / 'b')}",)
+        if (pytriton_dist() / "caches").is_dir():
+            extra += (f"--cache-directory={pytriton_dist() / 'caches'}",)
+    wrapper = tmp_path / "tritonserver"
+    wrapper.write_text(f"""#!/bin/bash
+if [ ! -e {tmp_path}/aborted ]; then
+  : > {tmp_path}/aborted
+  echo "terminate called after throwing an instance of '{abort}'"
+  echo "  what():  {abort}"
+  echo "Signal (6) received."
+  kill -ABRT $$
+fi
+exec {real} "$@"
+""")
+    wrapper.chmod(0o755)
+    return wrapper, extra
+
+
+def test_a_known_abort_while_loading_is_started_once_more(tmp_path, capfd):
+    """Triton 2.51's python stub can crash while the models load and take the server down with
+    boost::interprocess::lock_exception (once in a fresh CI clone): the launcher starts it once
+    more, says so, keeps the failed start's log, and the second start serves."""
+    model(tmp_path / "repo", "echo")
+    wrapper, extra = _aborting_once(tmp_path, "boost::interprocess::lock_exception")
+    with TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=60, binary=wrapper,
+                      extra_args=extra) as s:
+        with urllib.request.urlopen(f"{s.endpoints.http}/v2/models/echo/ready", timeout=5) as r:
+            assert r.status == 200
+        assert len(s.restarts) == 1 and s.restarts[0].startswith("boost::interprocess::lock_exception while loading")
+    assert "lock_exception" in (tmp_path / "w" / "tritonserver.log.1").read_text()
+    assert "starting it again (attempt 2 of 2)" in capfd.readouterr().err
+
+
+def test_an_unknown_abort_while_loading_is_not_started_again(tmp_path):
+    """Only an abort whose cause is known is tried again: any other stays the error it was."""
+    model(tmp_path / "repo", "echo")
+    wrapper, extra = _aborting_once(tmp_path, "std::bad_alloc")
+    s = TritonServer(tmp_path / "repo", workdir=tmp_path / "w", ready_timeout=60, binary=wrapper, extra_args=extra)
+    with pytest.raises(ServerError, match="uncaught std::bad_alloc"):
+        s.start()
+    assert s.restarts == [] and not s.running
 
 
 def test_cli_serve_prints_endpoints_and_stops_on_sigterm(tmp_path):

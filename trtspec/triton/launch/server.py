@@ -236,6 +236,8 @@ def models_still_loading(log: str) -> list[str]:
     return [m for m in dict.fromkeys(loading) if m not in done]
 
 
+START_ATTEMPTS = 2  # starts of tritonserver when one aborts while loading with a known native abort
+
 # what tritonserver prints, unprefixed, on its way down from a native abort
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
 # (it prints "Signal (15) received." for a stop request too: only SIGILL/ABRT/BUS/FPE/SEGV are aborts)
@@ -247,6 +249,12 @@ KNOWN_ABORTS = {
         "of its shared-memory locks (a stub killed by SIGKILL or the OOM killer); the watchdog reloads a "
         "dead stub, but cannot stop this abort (docs/reliability.md)"),
 }
+
+
+def known_abort(log: str) -> str | None:
+    """The uncaught exception of a native abort whose cause is known (:data:`KNOWN_ABORTS`), else None."""
+    exc = (_TERMINATE.findall(log) or [None])[-1]
+    return exc if exc in KNOWN_ABORTS else None
 
 
 def native_abort(log: str) -> str | None:
@@ -328,6 +336,7 @@ class TritonServer:
         self.watchdog = None  # the running Watchdog
         self.python_env_dirs: list[pathlib.Path] = []
         self._record: pathlib.Path | None = None
+        self.restarts: list[str] = []  # why start() had to start tritonserver again (a known abort while loading)
         # closes the repository/shared-memory/trace/logging APIs; the watchdog and the stubs get it
         self.secret = new_secret()
         self.tls = tls  # gRPC over TLS; HTTP then binds to 127.0.0.1
@@ -416,6 +425,28 @@ class TritonServer:
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> "TritonServer":
+        """Start tritonserver and wait until it is ready (ServerError otherwise). A server that
+        aborted while loading with a known native abort is started once more: Triton 2.51's
+        python stub can crash while the models load and take the server down with
+        boost::interprocess::lock_exception (seen on a fresh CI clone, once in many starts;
+        docs/reliability.md); a second start is what an orchestrator would do, minutes sooner.
+        Any other failure, or the same abort twice, is raised at once. ``restarts`` says why."""
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                return self._start_once()
+            except ServerError as e:
+                abort = known_abort(self.log_text())
+                if abort is None or attempt == START_ATTEMPTS or self.proc is None:
+                    raise
+                failed_log = self.log_path
+                self.restarts.append(f"{abort} while loading: {e.message.splitlines()[0]}")
+                print(f"warning: tritonserver aborted while loading ({abort}, a known Triton 2.51 python "
+                      f"backend crash); starting it again (attempt {attempt + 1} of {START_ATTEMPTS}); "
+                      f"the failed start's log is kept as {failed_log}.1", file=sys.stderr, flush=True)
+                self.proc, self._record, self.python_env_dirs, self.watchdog = None, None, [], None
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> "TritonServer":
         if self.proc is not None:
             raise ServerError("this TritonServer was already started")
         if self.binary is None:
@@ -426,6 +457,8 @@ class TritonServer:
         binary = self.binary
         if self.workdir_arg is not None:
             self.workdir = self.workdir_arg
+            self.workdir.mkdir(parents=True, exist_ok=True)
+        elif self._own_workdir:  # a start tried again: the same folder, the failed start's log rotated
             self.workdir.mkdir(parents=True, exist_ok=True)
         else:
             self.workdir = pathlib.Path(tempfile.mkdtemp(prefix="trtspec-triton-"))
