@@ -783,6 +783,10 @@ def test_step_trace_records_each_prefill_and_step_with_its_batch_and_draft_lengt
     assert all(e["k"] == 3 and e["why"] == "goodput" and e["accepted"] == 6 for e in steps[:-1])
     assert all(e["ms"] >= e["verify_ms"] >= 0 for e in steps)
     assert steps[0]["since_last_ms"] is None and steps[1]["since_last_ms"] >= 0
+    # what the policy expected of the k it chose: its goodput over plain decoding's, the catch-up it priced
+    g = eng.goodput.last["goodput"]
+    assert steps[-1]["gain"] == pytest.approx(g[str(steps[-1]["k"])] / g["0"], abs=1e-3) and steps[-1]["gain"] > 1
+    assert all(e["catch_up_ms"] is not None and e["catch_up_ms"] >= 0 for e in steps)
     with pytest.raises(TrtspecError, match=r"TRTSPEC_STEP_TRACE=.*nowhere/steps: cannot write .*unset"):
         step_trace_writer(str(tmp_path / "nowhere" / "steps"), "none")
 

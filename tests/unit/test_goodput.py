@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from trtspec.speculative.goodput import CostModel, GoodputPolicy, fit_line
@@ -403,6 +405,43 @@ def test_no_acceptance_probe_where_even_full_acceptance_would_gain_little():
     assert [i for i, w in enumerate(whys) if w == "cost probe"] == [512]
     # the same lone row with nothing to catch up: drafting pays, no probe is needed either
     assert p.best(1, alphas)[0] == 2
+
+
+def test_no_acceptance_probe_where_the_catch_up_not_the_acceptance_holds_drafting_back():
+    """A probe measures acceptance; it can change the choice only where acceptance is what rules
+    drafting out. Served on the Qwen pair at c=2 after 800e8c5, six one-row probes a level were
+    left (356 ms median against 55 for a plain step), each first reading the tokens its row had
+    skipped, while the acceptance measured a few dozen steps before (0.9) would have drafted had
+    there been nothing to catch up. Where the rows' measured acceptance would draft without the
+    catch-up, no acceptance probe runs (a cost probe still re-measures the verify pass); where it
+    would not, the probe comes every ``probe_every`` plain steps as before."""
+    verify = {0: 0.060, 1: 0.066, 2: 0.083}
+    p = _policy(lambda B, k: verify[k], 0.024, batches=(1,), max_k=2, explore_every=0)
+    for k, sec in ((1, 0.024), (2, 0.0395)):
+        for _ in range(3):
+            p.cost.add_draft(1, k, sec)
+    catch_up = 0.02  # the row's skipped tokens, spread over the steps it is expected to stay alone
+
+    def whys(alphas):
+        q = copy.deepcopy(p)
+        out = []
+        for _ in range(600):
+            k = q.choose(1, alphas, catch_up=catch_up)
+            out.append(q.last["why"])
+            q.observe(1, k, verify[k], 0.0 if k == 0 else q.cost.draft(1, k), [(k, k)])
+        return out
+
+    held_back = [[0.7, 0.7]]  # drafts with nothing to catch up; k = 0 only for the catch-up
+    assert p.best(1, held_back)[0] > 0 and p.best(1, held_back, catch_up=catch_up)[0] == 0
+    _, g = p.best(1, held_back, catch_up=catch_up)
+    _, g_full = p.best(1, [[1.0, 1.0]], catch_up=catch_up)
+    assert g_full[2] >= 1.1 * g[0]  # α = 1 would gain more than probe_upside: the old rule probed
+    w = whys(held_back)
+    assert "probe" not in w and [i for i, x in enumerate(w) if x == "cost probe"] == [512]
+    low = [[0.3, 0.3]]  # acceptance binds: k = 0 even with nothing to catch up
+    assert p.best(1, low)[0] == 0
+    w = whys(low)
+    assert w[64] == "probe" and "cost probe" not in w
 
 
 def test_a_draft_length_is_priced_by_its_own_drafting_time_not_k_times_the_first_tokens():

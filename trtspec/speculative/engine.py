@@ -381,8 +381,13 @@ class Engine:
                                  [(0, 0) if ext[b] else (n_drafted[b], accepted[b]) for b in range(B)],
                                  late_s=late_s, cost_only=cost_only)
         if self.trace is not None:
-            self.trace({"t": round(t0, 4), "event": "step", "B": B, "k": K,
-                        "why": self.goodput.last.get("why") if self.goodput is not None and batch_k is not None else None,
+            decided = self.goodput.last if self.goodput is not None and batch_k is not None else {}
+            g = decided.get("goodput") or {}
+            self.trace({"t": round(t0, 4), "event": "step", "B": B, "k": K, "why": decided.get("why"),
+                        # what the policy expected: goodput of this k over plain decoding's, and the
+                        # catch-up share it priced a drafting step at
+                        "gain": round(g[str(K)] / g["0"], 3) if g.get(str(K)) and g.get("0") else None,
+                        "catch_up_ms": round(decided["catch_up_s"] * 1e3, 2) if "catch_up_s" in decided else None,
                         "draft_ms": round(draft_s * 1e3, 2), "verify_ms": round(verify_s * 1e3, 2),
                         "ms": round((t3 - t0) * 1e3, 2),
                         "since_last_ms": None if self._last_step_end is None else round((t0 - self._last_step_end) * 1e3, 2),

@@ -399,7 +399,7 @@ class GoodputPolicy:
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
         if k == 0 and self.probe_every and self.plain_run >= self.probe_every and self._probe_affordable():
-            if self._acceptance_bound(batch, overhead, catch_up):
+            if self._acceptance_bound(batch, rows_alphas, overhead, catch_up):
                 k, why = 1, "probe"
             elif self.plain_run >= self.cost_probe_every:
                 k, why = 1, COST_PROBE
@@ -408,16 +408,25 @@ class GoodputPolicy:
         self.plain_run = self.plain_run + 1 if k == 0 else 0
         self.chosen[k] += 1
         self.chosen_at[(batch, k)] += 1
-        self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()}}
+        self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()},
+                     "catch_up_s": round(catch_up, 5)}
         return k
 
     def _probe_affordable(self) -> bool:
         """Has the time since the last probe paid for it within ``probe_budget``?"""
         return self.probe_cost_s <= self.probe_budget * self.since_probe_s
 
-    def _acceptance_bound(self, batch: int, overhead: float, catch_up: float) -> bool:
+    def _acceptance_bound(self, batch: int, rows_alphas: list[list[float]], overhead: float, catch_up: float) -> bool:
         """Is k = 0 chosen for want of acceptance, with something worth a probe at stake? Only then
-        can a probe's measurement change the choice for the better. Where even every draft token
+        can a probe's measurement change the choice for the better.
+
+        Not when the rows' acceptance as measured would draft if the draft had nothing to catch
+        up: then the catch-up holds drafting back, not acceptance, and a probe would pay that
+        catch-up to measure what is known (the goodput choice drafts by itself once the stretch
+        has lasted long enough to pay the catch-up back, :meth:`stretch_left`). Served on the Qwen
+        pair at c=2, after 800e8c5 six one-row probes a level remained (356 ms median against 55 ms
+        for a plain step, each reading the ~45 tokens its row skipped), with the deployment's
+        acceptance at 0.9 and measured a few dozen steps before. Where even every draft token
         accepted (α = 1) would not beat ordinary decoding at this batch size by ``probe_upside``
         (10 %), k = 0 is the costs' verdict, or near enough that finding a higher acceptance would
         gain little: a probe would cost more than it could buy. Served on the Qwen pair at c=2, a
@@ -426,6 +435,8 @@ class GoodputPolicy:
         read the skipped tokens (264-291 ms against ~70 for a plain step) and the next step was
         back at two rows, plain (2 of the level's 5 probes; after the other 3 the row kept
         drafting). The deployment's acceptance (0.9) was fresh from the steps before."""
+        if self.best(batch, rows_alphas, overhead)[0] != 0:
+            return False
         k, g = self.best(batch, [[1.0] * self.max_k] * batch, overhead, catch_up)
         return k != 0 and g[k] >= (1.0 + self.probe_upside) * g[0]
 
