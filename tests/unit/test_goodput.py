@@ -444,6 +444,28 @@ def test_no_acceptance_probe_where_the_catch_up_not_the_acceptance_holds_draftin
     assert w[64] == "probe" and "cost probe" not in w
 
 
+def test_drafting_that_needs_a_catch_up_must_beat_plain_decoding_by_the_switch_margin():
+    """Served on the Qwen pair in an open loop, a two-row batch switched to drafting with 40-67
+    tokens to catch up for an expected gain of 0.5-1.4 % (catch-up spread over the stretch); the
+    catch-up steps cost 1.5 s and were never paid back. A catch-up is certain and the gain an
+    estimate: drafting that needs one must beat plain decoding by ``switch_margin`` (5 %). A batch
+    whose draft is caught up still drafts for any gain, and a large gain still pays a catch-up."""
+    verify = {0: 0.050, 1: 0.068, 2: 0.094}  # the two-row passes measured there
+    p = _policy(lambda B, k: verify[k], 0.02, batches=(2,), max_k=2, explore_every=0, probe_every=0)
+    for k, sec in ((1, 0.023), (2, 0.034)):
+        for _ in range(3):
+            p.cost.add_draft(2, k, sec)
+    rows = [[0.88, 0.88]] * 2
+    k, g = p.best(2, rows, catch_up=0.003)
+    assert k == 2 and 1.0 < g[2] / g[0] < 1.05  # the goodput argmax drafts, for a 1 % gain
+    assert p.choose(2, rows, catch_up=0.003) == 0 and p.last["why"] == "goodput"
+    assert p.choose(2, rows) == 2  # caught up: the same 4 % gain is taken
+    sure = [[0.95, 0.95]] * 2
+    assert p.best(2, sure, catch_up=0.003)[1][2] >= 1.05 * p.best(2, sure, catch_up=0.003)[1][0]
+    assert p.choose(2, sure, catch_up=0.003) == 2  # a gain past the margin pays its catch-up
+    assert GoodputPolicy(2, switch_margin=0.0).switch_margin == 0.0
+
+
 def test_a_draft_length_is_priced_by_its_own_drafting_time_not_k_times_the_first_tokens():
     """Served on the Qwen pair at one row: a step drafting 1 token spent 24 ms drafting, one
     drafting 2 spent 39.5 ms (the first draft call reads the tokens accepted last step). Priced at

@@ -73,6 +73,13 @@ or over the steps the batch is expected to keep its size if fewer (:meth:`Goodpu
 in a closed loop at 2 the batch is at one row only between a request and its successor), so a
 batch that has run plain for a while switches back only when speculation will pay the reading
 back, and a request near its end does not read its whole prompt to draft a few steps.
+A catch-up is certain and the gain it buys is an estimate, so drafting that first needs one must
+beat plain decoding by ``switch_margin`` (5 %), catch-up included; a step whose draft is caught up
+chooses by goodput alone (one row drafting steadily is not held back). Served on the Qwen pair in an
+open loop (AMD EPYC, 2026-12-07, ``bench/results/qwen-openloop-zen4/``), a two-row batch switched to
+drafting four times with 40-67 tokens to catch up, at an expected gain of 0.5-1.4 %: those four
+steps took 1.5 s for 209 tokens read late, the drafting steps after them gained 2-3 % where 6-17 %
+was expected, and no catch-up was paid back (two-row drafting measured 0.84-0.94x plain).
 While the costs cannot be fitted yet (fewer than two pass sizes seen), the first step drafts
 ``max_k`` and the next ones measure k = 0 and then the other lengths.
 
@@ -270,6 +277,7 @@ class GoodputPolicy:
 
     def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
                  probe_every: int = 64, probe_budget: float = 0.02, probe_upside: float = 0.10,
+                 switch_margin: float = 0.05,
                  prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.99):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
@@ -283,6 +291,8 @@ class GoodputPolicy:
         self.plain_run = 0  # steps in a row at k = 0
         self.probe_budget = probe_budget
         self.probe_upside = probe_upside  # a probe only where α = 1 would beat plain decoding by this much
+        # drafting that first needs a catch-up only where it beats plain decoding by this much (catch-up included)
+        self.switch_margin = switch_margin
         self.probe_cost_s = 0.0  # what the last probe cost above a plain step, its catch-up included
         self.since_probe_s = 0.0  # seconds of steps since it
         self._probing = False  # the step chosen last is a probe
@@ -386,6 +396,8 @@ class GoodputPolicy:
         self.steps_at[batch] += 1
         k, g = self.best(batch, rows_alphas, overhead, catch_up)
         why = "goodput"
+        if k > 0 and catch_up > 0 and g[k] < (1.0 + self.switch_margin) * g[0]:
+            k = 0  # a sure catch-up for a gain within the cost model's error: stay plain (module doc)
         if k < 0:  # cold start: something has no estimate; measure max_k, then 0, then the rest
             k, why = self._least_measured(batch, prefer=(self.max_k, 0)), "cold start"
         elif self.explore_every and n % self.explore_every == self.explore_every - 1:
