@@ -466,36 +466,6 @@ def test_drafting_that_needs_a_catch_up_must_beat_plain_decoding_by_the_switch_m
     assert GoodputPolicy(2, switch_margin=0.0).switch_margin == 0.0
 
 
-def test_plain_decoding_at_a_batch_size_is_priced_from_its_own_steps():
-    """Served on the Qwen pair at c=2 (AMD EPYC), the (2, 0) cell never settled while the batch
-    drafted: the pass size T = 2 was priced by the (1, 1) cell (one row verifying 2 tokens, last
-    samples around 60 ms) against 49.6 ms for plain two-row steps, and the batch drafted k=1
-    expecting 1.31x where the steps gave 0.99x. Exploration counted the pooled samples, and a
-    plain step right after drafting is no sample, so nothing corrected it. Now, while (B, 0) has
-    no settled cell of its own, an exploration slot runs two plain steps and the second is a sample."""
-    true = {(2, 0): 0.0496, (2, 1): 0.0643, (2, 2): 0.0844, (1, 1): 0.040}
-    p = GoodputPolicy(2, probe_every=0)
-    for _ in range(9):
-        p.cost.add_verify(1, 1, 0.060)  # measured in a loaded moment
-        p.cost.add_verify(2, 1, true[(2, 1)])
-        p.cost.add_verify(2, 2, true[(2, 2)])
-    for k, sec in ((1, 0.023), (2, 0.034)):
-        for _ in range(3):
-            p.cost.add_draft(2, k, sec)
-    rows = [[0.92, 0.92]] * 2
-    assert p.cost.verify(2, 0) == pytest.approx(0.060)  # T = 2 priced by (1, 1)
-    k, g = p.best(2, rows)
-    assert k == 2 and g[k] / g[0] > 1.3  # drafting looks like a large gain (1.40x)
-    for _ in range(40):
-        k = p.choose(2, rows)
-        p.observe(2, k, true[(2, k)], {0: 0.0, 1: 0.023, 2: 0.034}[k], [(k, k)] * 2)
-    assert p.cost.verify(2, 0) == pytest.approx(true[(2, 0)])  # before: still the (1, 1) cell's 60 ms
-    assert p.cost.settled(2, 0)
-    k, g = p.best(2, rows)
-    assert g[k] / g[0] < 1.2  # what drafting at two rows gains by these costs: 1.16x
-    assert p.chosen_at[(2, 0)] <= 8  # two plain steps per exploration slot, only until the cell settled
-
-
 def test_a_draft_length_is_priced_by_its_own_drafting_time_not_k_times_the_first_tokens():
     """Served on the Qwen pair at one row: a step drafting 1 token spent 24 ms drafting, one
     drafting 2 spent 39.5 ms (the first draft call reads the tokens accepted last step). Priced at

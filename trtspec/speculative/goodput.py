@@ -152,11 +152,6 @@ class CostModel:
             self.draft_token.setdefault(batch, _Cell()).add(seconds / k)
             self.draft_cells.setdefault((batch, k), _Cell()).add(seconds)
 
-    def settled(self, batch: int, k: int) -> bool:
-        """Has the (batch, k) cell itself ``min_samples`` recent samples (not only its pass size)?"""
-        c = self.cells.get((batch, k))
-        return c is not None and len(c.recent) >= self.min_samples
-
     def samples_at(self, batch: int, k: int) -> int:
         """Samples behind verify(batch, k): every cell's of the same pass size."""
         return self._pooled.get(batch * (k + 1), (0, None))[0]
@@ -316,7 +311,6 @@ class GoodputPolicy:
         self.stretch_batch: int | None = None
         self.stretch_steps = 0  # steps of the current stretch so far
         self.stretch_len: dict[int, float] = {}  # B → moving average of the stretches at B that ended
-        self._plain_sample: dict[int, bool] = {}  # B → the next step at B is the sampled second of two plain steps
 
     # ---------------------------------------------------------------- acceptance
 
@@ -406,19 +400,6 @@ class GoodputPolicy:
             k = 0  # a sure catch-up for a gain within the cost model's error: stay plain (module doc)
         if k < 0:  # cold start: something has no estimate; measure max_k, then 0, then the rest
             k, why = self._least_measured(batch, prefer=(self.max_k, 0)), "cold start"
-        elif self._plain_sample.get(batch):  # the second of two plain steps: a sample of (B, 0) itself
-            self._plain_sample[batch] = False
-            k, why = 0, "explore"
-        elif (k > 0 and self.explore_every and n % self.explore_every == self.explore_every - 1
-              and not self.cost.settled(batch, 0) and self.cost.samples_at(batch, 0) >= self.min_samples):
-            # plain decoding at B priced only through its pass size: served on the Qwen pair at c=2
-            # (AMD EPYC), (2, 0) never settled, T = 2 was priced by the (1, 1) cell's 60 ms against
-            # 49.6 measured for plain two-row steps, and the batch drafted expecting 1.31x where the
-            # steps gave 0.99x. Nothing corrected it: the pooled count looked measured, and a plain
-            # step right after drafting is no sample. Two plain steps: the second is one. (A pass
-            # size not yet measured at all is explored below, as any unmeasured cell.)
-            self._plain_sample[batch] = True
-            k, why = 0, "explore"
         elif self.explore_every and n % self.explore_every == self.explore_every - 1:
             near = [j for j in range(self.max_k + 1) if j != k and g[j] >= self.explore_margin * g[k]]
             if near:
