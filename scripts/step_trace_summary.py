@@ -49,14 +49,13 @@ def summarise(path: str) -> list[str]:
             plain[e["B"]][0] += e["B"]
             plain[e["B"]][1] += e["ms"] / 1e3
     for (B, k, why), v in sorted(groups.items()):
-        tps = sum(e["accepted"] + e["B"] for e in v) / (sum(e["ms"] for e in v) / 1e3)
-        expected = [e["gain"] for e in v if e.get("gain") is not None]
-        base = plain[B][0] / plain[B][1] if plain[B][1] else None
-        gains = (f" | {statistics.median(expected):.3f}" if expected else " | –") + \
-                (f" | {tps / base:.3f}" if base and k else " | –")
         ms = [e["ms"] for e in v]
         gaps = [e["since_last_ms"] for e in v if e.get("since_last_ms") is not None]
         tokens = sum(e["accepted"] + e["B"] for e in v)
+        expected = [e["gain"] for e in v if e.get("gain") is not None]
+        base = plain[B][0] / plain[B][1] if plain[B][1] else None
+        gains = (f" | {statistics.median(expected):.3f}" if expected else " | –") + \
+                (f" | {tokens / (sum(ms) / 1e3) / base:.3f}" if base and k else " | –")
         out.append(f"| {B} | {k} | {why} | {len(v)} | {statistics.median(ms):.1f} | "
                    f"{statistics.median(e['verify_ms'] for e in v):.1f} | "
                    f"{statistics.median(gaps) if gaps else float('nan'):.1f} | {sum(ms) / 1e3:.1f} | "

@@ -251,9 +251,14 @@ KNOWN_ABORTS = {
 }
 
 
+def _uncaught(log: str) -> str | None:
+    """The last uncaught exception tritonserver printed on its way down, if any."""
+    return (_TERMINATE.findall(log) or [None])[-1]
+
+
 def known_abort(log: str) -> str | None:
     """The uncaught exception of a native abort whose cause is known (:data:`KNOWN_ABORTS`), else None."""
-    exc = (_TERMINATE.findall(log) or [None])[-1]
+    exc = _uncaught(log)
     return exc if exc in KNOWN_ABORTS else None
 
 
@@ -261,7 +266,7 @@ def native_abort(log: str) -> str | None:
     """What a tritonserver that aborted in native code printed (the uncaught exception and the
     signal), with the known cause when there is one; None when the log shows no abort."""
     sig = _SIGNAL.search(log)
-    exc = (_TERMINATE.findall(log) or [None])[-1]  # the last uncaught exception, if any
+    exc = _uncaught(log)
     if sig is None and exc is None:
         return None
     said = f"tritonserver aborted: {f'uncaught {exc}' if exc else 'a fatal signal'}"
