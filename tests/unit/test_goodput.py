@@ -230,7 +230,8 @@ def test_policy_cold_start_measures_max_k_then_0_then_decides_and_explores():
         p.observe(1, k, cost[k], 0.0005 * k, [(k, k)])
     # k 0 right after a drafting step is not a sample (see the next test): measured at the second
     assert chosen[:3] == [4, 0, 0] and why[:3] == ["cold start"] * 3
-    assert set(why[3:]) == {"goodput", "explore"}
+    # one cold-start sample of plain decoding is too few to trust: the first choice to draft re-measures it
+    assert why[3:6] == ["refresh"] * 3 and set(why[6:]) == {"goodput", "explore"}
     assert all(i % 8 == 7 for i, w in enumerate(why) if w == "explore")  # one step in 8 at most
     # k 3 is within 15 % of the best (k 4) and gets measured; k 1 and 2 are priced far below it and
     # never cost a step; most steps go to the best one
@@ -464,6 +465,84 @@ def test_drafting_that_needs_a_catch_up_must_beat_plain_decoding_by_the_switch_m
     assert p.best(2, sure, catch_up=0.003)[1][2] >= 1.05 * p.best(2, sure, catch_up=0.003)[1][0]
     assert p.choose(2, sure, catch_up=0.003) == 2  # a gain past the margin pays its catch-up
     assert GoodputPolicy(2, switch_margin=0.0).switch_margin == 0.0
+
+
+def _drive(p: GoodputPolicy, batch: int, rows, true_verify: dict, draft: dict, steps: int) -> list[int]:
+    """``steps`` steps at ``batch`` rows, each costing what ``true_verify`` and ``draft`` say, every draft token accepted."""
+    ks = []
+    for _ in range(steps):
+        k = p.choose(batch, rows)
+        p.observe(batch, k, true_verify[k], draft[k], [(k, k)] * batch)
+        ks.append(k)
+    return ks
+
+
+def test_plain_decoding_is_re_measured_while_the_batch_drafts_on_a_transient_price():
+    """Served on the Qwen pair at c=4 (AMD EPYC, 2026-12-08-zen4-plain-own-cell), five plain
+    four-row steps at 96-118 ms (a transient: the level's 1,534 plain four-row steps had a median of
+    72 ms) set the (4, 0) cell's median to 96, and the batch drafted k=1 on 203 steps expecting
+    1.22x where the steps measured 0.87x. Exploration re-measures the least-measured arm, never
+    k = 0, and nothing else sampled it while the batch drafted. A plain refresh re-measures it
+    from fresh steps, its old window forgotten, and the batch goes back to plain decoding."""
+    true_verify, draft = {0: 0.072, 1: 0.112}, {0: 0.0, 1: 0.037}
+    p = GoodputPolicy(1, explore_every=0, probe_every=0)
+    for _ in range(4):
+        p.cost.add_verify(4, 0, 0.071)
+    for _ in range(5):
+        p.cost.add_verify(4, 0, 0.100)  # the transient: the cell's median is now 96-100 ms
+    for _ in range(3):
+        p.cost.add_verify(4, 1, true_verify[1])
+        p.cost.add_draft(4, 1, draft[1])
+    rows = [[0.9]] * 4
+    k, g = p.best(4, rows)
+    assert k == 1 and g[1] / g[0] > 1.05  # priced on the transient, drafting looks like a gain
+    ks = _drive(p, 4, rows, true_verify, draft, 200)
+    assert p.refreshes == 1 and p.last["why"] == "goodput"
+    assert ks[-100:].count(1) == 0  # before: 200 drafting steps, each at 0.90x plain decoding
+    assert ks.index(0) <= p.refresh_every  # drafted at most refresh_every steps on the stale price
+    assert p.cost.verify(4, 0) == pytest.approx(true_verify[0])
+    assert GoodputPolicy(1, refresh_every=0).refresh_every == 0
+
+
+def test_plain_decoding_at_a_batch_size_is_priced_from_its_own_steps():
+    """Served on the Qwen pair at c=2 (AMD EPYC, 2026-12-08-zen4-switch-margin), the (2, 0) cell
+    never settled while the batch drafted: the pass size T = 2 was priced by the (1, 1) cell (one
+    row verifying 2 tokens, last samples around 60 ms) against 49.6 ms for plain two-row steps, and
+    the batch drafted k=1 expecting 1.31x where the steps gave 0.99x. A batch that drafts while its
+    (B, 0) cell has fewer than ``min_samples`` samples of its own refreshes it first."""
+    true_verify, draft = {0: 0.0496, 1: 0.0643, 2: 0.0844}, {0: 0.0, 1: 0.023, 2: 0.034}
+    p = GoodputPolicy(2, explore_every=0, probe_every=0)
+    for _ in range(9):
+        p.cost.add_verify(1, 1, 0.060)  # measured in a loaded moment
+        p.cost.add_verify(2, 1, true_verify[1])
+        p.cost.add_verify(2, 2, true_verify[2])
+    for k in (1, 2):
+        for _ in range(3):
+            p.cost.add_draft(2, k, draft[k])
+    rows = [[0.88, 0.88]] * 2
+    assert p.cost.verify(2, 0) == pytest.approx(0.060)  # T = 2 priced by (1, 1)
+    k, g = p.best(2, rows)
+    assert k == 2 and g[k] / g[0] > 1.3  # drafting looks like a large gain
+    ks = _drive(p, 2, rows, true_verify, draft, 40)
+    assert ks[:3] == [0, 0, 0] and p.refreshes == 1  # the first goodput choice re-measures k = 0
+    assert p.cost.verify(2, 0) == pytest.approx(true_verify[0])
+    k, g = p.best(2, rows)
+    assert g[k] / g[0] < 1.2  # what drafting at two rows gains by these costs: 1.15x, not 1.37x
+
+
+def test_a_steady_drafting_row_re_measures_plain_decoding_seldom():
+    """One row drafting at a large priced gain (1.85x) refreshes plain decoding every
+    4 x refresh_every steps, 4 plain steps each: 1.5 % of its steps."""
+    true_verify, draft = {0: 0.039, 1: 0.041, 2: 0.045}, {0: 0.0, 1: 0.008, 2: 0.012}
+    p = GoodputPolicy(2, explore_every=0, probe_every=0)
+    for k in (0, 1, 2):
+        for _ in range(3):
+            p.cost.add_verify(1, k, true_verify[k])
+            p.cost.add_draft(1, k, draft[k])
+    rows = [[0.9, 0.9]]
+    assert p.best(1, rows)[1][2] / p.best(1, rows)[1][0] > 1.0 + p.refresh_close
+    ks = _drive(p, 1, rows, true_verify, draft, 1024)
+    assert p.refreshes == 3 and ks.count(0) == 3 * (p.min_samples + 1)  # at steps 256, 516 and 776
 
 
 def test_a_draft_length_is_priced_by_its_own_drafting_time_not_k_times_the_first_tokens():

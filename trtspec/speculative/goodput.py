@@ -80,6 +80,13 @@ open loop (AMD EPYC, 2026-12-07, ``bench/results/qwen-openloop-zen4/``), a two-r
 drafting four times with 40-67 tokens to catch up, at an expected gain of 0.5-1.4 %: those four
 steps took 1.5 s for 209 tokens read late, the drafting steps after them gained 2-3 % where 6-17 %
 was expected, and no catch-up was paid back (two-row drafting measured 0.84-0.94x plain).
+Plain refresh: exploration re-measures the least-measured arm, which is never k = 0 (the most
+measured), and a batch that drafts takes no sample of plain decoding. So while the batch drafts at
+B, once the (B, 0) cell's own last sample is ``refresh_every`` (64) steps at B old (4x as many
+where drafting is priced ``refresh_close``, 50 %, or more above plain decoding), or while it has
+fewer than ``min_samples`` samples of its own (its pass size priced through another cell), the
+batch runs plain steps until the cell holds ``min_samples`` fresh ones, its old window forgotten
+(:meth:`GoodputPolicy._plain_stale`): the two arms are compared as measured a few seconds apart.
 While the costs cannot be fitted yet (fewer than two pass sizes seen), the first step drafts
 ``max_k`` and the next ones measure k = 0 and then the other lengths.
 
@@ -151,6 +158,20 @@ class CostModel:
         if k > 0:
             self.draft_token.setdefault(batch, _Cell()).add(seconds / k)
             self.draft_cells.setdefault((batch, k), _Cell()).add(seconds)
+
+    def own_samples(self, batch: int, k: int) -> int:
+        """Recent samples in the (batch, k) cell itself (not its pass size's other cells)."""
+        c = self.cells.get((batch, k))
+        return 0 if c is None else len(c.recent)
+
+    def restart(self, batch: int, k: int) -> None:
+        """Forget the (batch, k) cell's recent samples (not its count): the next ones price it alone."""
+        c = self.cells.get((batch, k))
+        if c is not None:
+            c.recent.clear()
+            tokens = batch * (k + 1)
+            self._pooled[tokens] = self.pooled(tokens)
+            self._line_stale = self._caps_stale = True
 
     def samples_at(self, batch: int, k: int) -> int:
         """Samples behind verify(batch, k): every cell's of the same pass size."""
@@ -277,7 +298,7 @@ class GoodputPolicy:
 
     def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
                  probe_every: int = 64, probe_budget: float = 0.02, probe_upside: float = 0.10,
-                 switch_margin: float = 0.05,
+                 switch_margin: float = 0.05, refresh_every: int = 64, refresh_close: float = 0.5,
                  prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.99):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
@@ -311,6 +332,15 @@ class GoodputPolicy:
         self.stretch_batch: int | None = None
         self.stretch_steps = 0  # steps of the current stretch so far
         self.stretch_len: dict[int, float] = {}  # B → moving average of the stretches at B that ended
+        # plain refresh (choose): while the batch drafts at B, plain decoding at B is re-measured
+        # from its own fresh steps once its last own sample is ``refresh_every`` steps at B old
+        # (4x as seldom where drafting is priced ``refresh_close`` or more above plain decoding)
+        self.refresh_every = refresh_every
+        self.refresh_close = refresh_close
+        self.plain_at: dict[int, int] = {}  # B → steps_at[B] when the (B, 0) cell last took a sample
+        self._refresh_left: dict[int, int] = {}  # B → plain steps still to run in the refresh under way
+        self._fresh: set[int] = set()  # B whose (B, 0) cell restarts its window at its next sample
+        self.refreshes = 0
 
     # ---------------------------------------------------------------- acceptance
 
@@ -410,7 +440,17 @@ class GoodputPolicy:
                 refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1 and (e == 0 or not catch_up)
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
-        if k == 0 and self.probe_every and self.plain_run >= self.probe_every and self._probe_affordable():
+        if self._refresh_left.get(batch):  # a plain refresh under way: its next plain step
+            k, why = 0, "refresh"
+            self._refresh_left[batch] -= 1
+        elif why == "goodput" and k > 0 and self._plain_stale(batch, g[k] / g[0]):
+            k, why = 0, "refresh"
+            # the first plain step right after drafting is no sample (observe): then min_samples more
+            self._refresh_left = {batch: self.min_samples - (0 if self._drafted_last else 1)}
+            self._fresh.add(batch)
+            self.refreshes += 1
+        if (k == 0 and why != "refresh" and self.probe_every and self.plain_run >= self.probe_every
+                and self._probe_affordable()):
             if self._acceptance_bound(batch, rows_alphas, overhead, catch_up):
                 k, why = 1, "probe"
             elif self.plain_run >= self.cost_probe_every:
@@ -423,6 +463,29 @@ class GoodputPolicy:
         self.last = {"batch": batch, "k": k, "why": why, "goodput": {str(j): round(v, 3) for j, v in g.items()},
                      "catch_up_s": round(catch_up, 5)}
         return k
+
+    def _plain_stale(self, batch: int, gain: float) -> bool:
+        """Is plain decoding at ``batch`` priced from samples too old (or too few of its own) to
+        trust against drafting that gains ``gain``x by the cost model?
+
+        While the batch drafts, the (B, 0) cell takes no samples: its price is whatever its last
+        nine plain steps read, however long ago, or another cell's of the same pass size. Both
+        made the policy draft where plain decoding was faster. Served on the Qwen pair at c=4
+        (AMD EPYC, 2026-12-08-zen4-plain-own-cell), five plain four-row steps at 96-118 ms (a
+        transient; 1,534 plain four-row steps had a median of 72 ms) set the cell's median to 96,
+        and the batch drafted k=1 on 203 steps expecting 1.22x where they measured 0.87x; at c=2
+        (2026-12-08-zen4-switch-margin) the (2, 0) cell never settled, the pass size T = 2 was
+        priced by the (1, 1) cell at 60 ms against 49.6 measured, and two-row drafting expected
+        1.31x and measured 0.99x. Exploration never re-measured k = 0: it picks the arm with the
+        fewest samples, and k = 0 had the most. A refresh runs plain steps until the cell holds
+        ``min_samples`` fresh samples (its old window forgotten), then the goodput choice goes on
+        from the two arms measured minutes, not levels, apart."""
+        if not self.refresh_every:
+            return False
+        if self.cost.own_samples(batch, 0) < self.min_samples:
+            return True
+        every = self.refresh_every * (1 if gain < 1.0 + self.refresh_close else 4)
+        return self.steps_at[batch] - self.plain_at.setdefault(batch, self.steps_at[batch]) >= every
 
     def _probe_affordable(self) -> bool:
         """Has the time since the last probe paid for it within ``probe_budget``?"""
@@ -475,6 +538,11 @@ class GoodputPolicy:
         # a plain pass right after a drafting step reads target weights the draft pushed out of the
         # CPU's caches; plain decoding as a regime (what k = 0 is chosen for) does not pay that
         if k > 0 or not self._drafted_last:
+            if k == 0:
+                if batch in self._fresh:  # a plain refresh's first sample: the old window goes
+                    self._fresh.discard(batch)
+                    self.cost.restart(batch, 0)
+                self.plain_at[batch] = self.steps_at[batch]
             self.cost.add_verify(batch, k, verify_s)
         self._drafted_last = k > 0 and not cost_only
         if not cost_only:
@@ -502,5 +570,5 @@ class GoodputPolicy:
         return {"policy": "goodput", "chosen_k": {str(k): n for k, n in sorted(self.chosen.items())},
                 "chosen_at": {f"{b},{k}": n for (b, k), n in sorted(self.chosen_at.items())},
                 "deployment_acceptance": [round(a, 4) for a in self.deployment_alphas()],
-                "probes": self.probes, "last_probe_cost_s": round(self.probe_cost_s, 4),
+                "probes": self.probes, "plain_refreshes": self.refreshes, "last_probe_cost_s": round(self.probe_cost_s, 4),
                 "last": self.last, **self.cost.table()}
