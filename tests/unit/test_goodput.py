@@ -168,11 +168,35 @@ def test_a_catch_up_is_spread_over_the_steps_the_batch_keeps_its_size():
     assert looped.best(1, alphas, catch_up=looped.catch_up_share(60, min(20, stay)))[0] > 0
 
 
+def test_a_long_stretch_at_one_size_is_forgotten_after_a_few_short_ones():
+    """A level at one request is one stretch at one row a thousand steps long. At c=2 the batch
+    drops to one row for a step between requests; with a moving average of the stretch lengths
+    the first ~20 such gaps on the Qwen pair still looked long, and each drafted with 28-49
+    tokens to catch up (330-470 ms against 85 for a plain step). The median of the last 8 ended
+    stretches forgets the long one after two short ones."""
+    p = _served_two_rows(explore_every=0, two_rows=(0.074, 0.100), draft=(1, 0.020))
+    for _ in range(3):
+        p.cost.add_catch_up(30, 0.225)  # 7.5 ms a token, as served
+    for _ in range(1000):  # the c=1 level
+        p.stretch_left(1)
+    alphas = [[0.9, 0.9]]
+    seen = []
+    for _ in range(3):  # c=2: 60 steps at two rows, one at one row
+        for _ in range(60):
+            p.stretch_left(2)
+        stay = p.stretch_left(1)
+        seen.append(stay)
+    assert seen[0] == 1000 - 1  # the one stretch known so far is the c=1 level
+    assert seen[2] == 1  # the median of [1000, 1, 1]: the gap is a step long (was 0.8^2 * 1000 - 1 = 639)
+    assert p.best(1, alphas, catch_up=p.catch_up_share(30, min(60, seen[2])))[0] == 0
+    assert p.best(1, alphas, catch_up=p.catch_up_share(30, min(60, seen[0])))[0] > 0
+
+
 def test_a_refresh_does_not_draft_while_the_draft_has_to_catch_up():
     """At two rows on the Qwen pair k=1 and k=0 were priced within 2 %, so the exploration refresh
     (every 32 steps) drafted, and each time the draft first read every token both rows had
     skipped. A refresh now drafts only while nothing is to be caught up; one that re-measures
-    k = 0 still runs, and so does a cell's first measurement."""
+    k = 0 still runs."""
     def policy():
         return _served_two_rows(explore_every=8, two_rows=(0.074, 0.108), draft=(2, 0.036))
 
@@ -183,6 +207,29 @@ def test_a_refresh_does_not_draft_while_the_draft_has_to_catch_up():
     assert plain.count(1) == 2  # steps 32 and 64: the refresh measures k=1
     drafted = [behind.choose(2, alphas, catch_up=0.006) for _ in range(64)]
     assert drafted.count(1) == 0 and drafted.count(2) == 0
+
+
+def test_an_unmeasured_draft_length_is_not_explored_while_the_draft_has_to_catch_up():
+    """At the start of a c=2 level on the Qwen pair (Sapphire Rapids, 2026-12-08-spr-fresh-refresh)
+    the first measurements of (2, 2) each read 13-28 tokens the draft had skipped: 307-406 ms
+    against 80 for a plain two-row step, in the level's first block, whose P95 it set. A cell's
+    first measurement now waits, as a refresh does, until the draft has nothing to catch up; a
+    caught-up batch still measures it."""
+    def policy():
+        p = _served_two_rows(explore_every=8, two_rows=(0.074, 0.100), draft=(2, 0.030))
+        del p.cost.cells[(2, 2)]  # (2, 2) not measured: priced through its pass size, T = 6
+        p.cost.by_tokens[6] = []
+        p.cost._pooled.pop(6)
+        p.cost._line_stale = p.cost._caps_stale = True
+        return p
+
+    alphas = [[0.9, 0.9]] * 2
+    caught_up, behind = policy(), policy()
+    k, g = caught_up.best(2, alphas)
+    assert caught_up.cost.samples_at(2, 2) == 0 and g[2] >= caught_up.explore_margin * g[k]
+    assert 2 in [caught_up.choose(2, alphas) for _ in range(8)]  # measured at the 8th step
+    steps = [behind.choose(2, alphas, catch_up=0.004) for _ in range(64)]
+    assert 2 not in steps  # before: the 8th, 16th and 24th steps drafted 2, each reading the skipped tokens
 
 
 def test_policy_picks_k0_when_verify_at_the_batch_size_makes_speculation_lose():

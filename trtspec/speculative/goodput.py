@@ -331,7 +331,7 @@ class GoodputPolicy:
         # stretches: how many steps in a row the batch keeps one size (stretch_left)
         self.stretch_batch: int | None = None
         self.stretch_steps = 0  # steps of the current stretch so far
-        self.stretch_len: dict[int, float] = {}  # B → moving average of the stretches at B that ended
+        self.stretch_len: dict[int, collections.deque] = {}  # B → the last 8 stretches at B that ended (steps)
         # plain refresh (choose): while the batch drafts at B, plain decoding at B is re-measured
         # from its own fresh steps once its last own sample is ``refresh_every`` steps at B old
         # (4x as seldom where drafting is priced ``refresh_close`` or more above plain decoding)
@@ -395,7 +395,7 @@ class GoodputPolicy:
     def stretch_left(self, batch: int) -> float | None:
         """Call once per step with the step's batch size: the steps the batch is expected to keep
         this size from now on, or None while no stretch at this size has ended yet: what a stretch
-        of the typical length at this size (a moving average of the ended ones) would still have,
+        of the typical length at this size (the median of the last 8 that ended) would still have,
         or as many steps again as this one has lasted, whichever is more (a stretch that has
         lasted long tends to go on).
 
@@ -403,18 +403,24 @@ class GoodputPolicy:
         batch drops to one row for a step or two between a finished request and its successor;
         spread over the lone row's remaining output, the draft's catch-up (every token of the
         plain 2-row steps) looked cheap, the step drafted, and the next step was back at 2 rows
-        and plain: the catch-up bought one drafting step, and then again at the next gap."""
+        and plain: the catch-up bought one drafting step, and then again at the next gap.
+
+        A median, not a moving average: a level at one request is one stretch at one row a
+        thousand steps long, and a moving average (0.8 old, 0.2 new) took some 20 one-step gaps at
+        c=2 to forget it. Served on the Qwen pair (Sapphire Rapids, 2026-12-08-spr-fresh-refresh),
+        the first ~20 gaps of the c=2 level drafted with 28-49 tokens to catch up, priced at a
+        7-19 ms share, in steps of 330-470 ms against 85 for a plain one, each followed by the next
+        request's prefill and plain two-row steps: P95 request latency at c=2 read 1.05x
+        [1.01, 1.10] while the level's steps cost what the baseline's did."""
         if batch != self.stretch_batch:
             if self.stretch_batch is not None:
-                old = self.stretch_len.get(self.stretch_batch)
-                n = float(self.stretch_steps)
-                self.stretch_len[self.stretch_batch] = n if old is None else 0.8 * old + 0.2 * n
+                self.stretch_len.setdefault(self.stretch_batch, collections.deque(maxlen=8)).append(self.stretch_steps)
             self.stretch_batch, self.stretch_steps = batch, 0
         self.stretch_steps += 1
-        typical = self.stretch_len.get(batch)
-        if typical is None:
+        ended = self.stretch_len.get(batch)
+        if not ended:
             return None
-        return max(typical - self.stretch_steps, float(self.stretch_steps))
+        return max(statistics.median(ended) - self.stretch_steps, float(self.stretch_steps))
 
     def choose(self, batch: int, rows_alphas: list[list[float]], overhead: float = 0.0,
                catch_up: float = 0.0) -> int:
@@ -431,13 +437,16 @@ class GoodputPolicy:
         if k < 0:  # cold start: something has no estimate; measure max_k, then 0, then the rest
             k, why = self._least_measured(batch, prefer=(self.max_k, 0)), "cold start"
         elif self.explore_every and n % self.explore_every == self.explore_every - 1:
-            near = [j for j in range(self.max_k + 1) if j != k and g[j] >= self.explore_margin * g[k]]
+            # a drafting length is explored only while the draft has nothing to catch up: served at
+            # two rows, where k=1 and k=0 were priced within 2 %, each refresh first read the ~60
+            # tokens both rows had skipped, and the first measurements of (2, 2) at the start of
+            # a c=2 level read 13-28 tokens late each (307-406 ms against 80 for a plain step,
+            # 2026-12-08-spr-fresh-refresh). Unmeasured, a cell is priced through its pass size.
+            near = [j for j in range(self.max_k + 1)
+                    if j != k and g[j] >= self.explore_margin * g[k] and (j == 0 or not catch_up)]
             if near:
                 e = min(near, key=lambda j: (self.cost.samples_at(batch, j), -j))
-                # a refresh that drafts only while the draft has nothing to catch up: served at two
-                # rows, where k=1 and k=0 were priced within 2 %, each refresh first read the ~60
-                # tokens both rows had skipped (pooled by pass size, the cell is priced anyway)
-                refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1 and (e == 0 or not catch_up)
+                refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
         if self._refresh_left.get(batch):  # a plain refresh under way: its next plain step
