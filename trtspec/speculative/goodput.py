@@ -437,16 +437,17 @@ class GoodputPolicy:
         if k < 0:  # cold start: something has no estimate; measure max_k, then 0, then the rest
             k, why = self._least_measured(batch, prefer=(self.max_k, 0)), "cold start"
         elif self.explore_every and n % self.explore_every == self.explore_every - 1:
-            # a drafting length is explored only while the draft has nothing to catch up: served at
-            # two rows, where k=1 and k=0 were priced within 2 %, each refresh first read the ~60
-            # tokens both rows had skipped, and the first measurements of (2, 2) at the start of
-            # a c=2 level read 13-28 tokens late each (307-406 ms against 80 for a plain step,
-            # 2026-12-08-spr-fresh-refresh). Unmeasured, a cell is priced through its pass size.
-            near = [j for j in range(self.max_k + 1)
-                    if j != k and g[j] >= self.explore_margin * g[k] and (j == 0 or not catch_up)]
+            near = [j for j in range(self.max_k + 1) if j != k and g[j] >= self.explore_margin * g[k]]
             if near:
                 e = min(near, key=lambda j: (self.cost.samples_at(batch, j), -j))
-                refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1
+                # a refresh that drafts only while the draft has nothing to catch up: served at two
+                # rows, where k=1 and k=0 were priced within 2 %, each refresh first read the ~60
+                # tokens both rows had skipped (pooled by pass size, the cell is priced anyway).
+                # A first measurement still runs: a new request's draft is always behind by its
+                # prompt, and at one row after batched traffic (the drafting cells priced through
+                # plain passes of drained batches) waiting for a caught-up draft left the first
+                # 200 steps of the c=1 level plain until a probe (2026-12-08-spr-stretch-median)
+                refresh = n % (4 * self.explore_every) == 4 * self.explore_every - 1 and (e == 0 or not catch_up)
                 if refresh or self.cost.samples_at(batch, e) < self.min_samples:
                     k, why = e, "explore"
         if self._refresh_left.get(batch):  # a plain refresh under way: its next plain step
