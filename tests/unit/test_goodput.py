@@ -365,6 +365,29 @@ def test_policy_recovers_when_acceptance_comes_back():
     assert sum(k >= 3 for k in chosen[-50:]) >= 40, chosen[-50:]
 
 
+def test_a_long_plain_stretch_does_not_forget_the_acceptance_measured_before_it():
+    """Served on the Qwen pair (Sapphire Rapids), after the validation's batched warm-up the
+    deployment's acceptance (0.88 measured) had aged to the prior, 0.6, and at that acceptance
+    one row drafting does not pay (the costs below are the served medians at one row): a lone
+    request ran all 63 steps plain, its catch-up growing every step, and so did the next; 1,607
+    plain one-row steps in the c=1 level. The long-run counts keep what was measured; after low
+    acceptance they leave the prior where it was (the recovery test above)."""
+    p = GoodputPolicy(2, explore_every=0, probe_every=0)
+    for (k, v, d) in ((0, 0.0525, 0.0), (1, 0.066, 0.023), (2, 0.0855, 0.037)):
+        for _ in range(3):
+            p.cost.add_verify(1, k, v)
+            p.cost.add_draft(1, k, d)
+    for step in range(2000):  # hours at one row: 88 % of draft tokens accepted
+        p.observe(1, 2, 0.0855, 0.037, [(2, 2 if step % 8 else 1)])
+    new_request = p.row_alphas([], [])
+    assert p.best(1, [new_request])[0] > 0
+    for _ in range(600):  # then plain decoding at four rows (no draft verified)
+        p.observe(4, 0, 0.117, 0.0, [(0, 0)] * 4)
+    assert p.reached[0] < 10  # the recent counts aged away
+    assert p.deployment_alphas()[0] > 0.85  # before: 0.6, the prior
+    assert p.best(1, [p.row_alphas([], [])])[0] > 0  # before: 0, a lone request decoded plainly
+
+
 def _probe_steps(verify, steps: int) -> list[tuple[int, str]]:
     """(k, why) per step of a one-row policy after 100 steps whose every draft token was rejected."""
     p = _policy(verify, 0.001)

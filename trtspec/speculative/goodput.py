@@ -299,7 +299,8 @@ class GoodputPolicy:
     def __init__(self, max_k: int, *, min_samples: int = 3, explore_every: int = 8, explore_margin: float = 0.85,
                  probe_every: int = 64, probe_budget: float = 0.02, probe_upside: float = 0.10,
                  switch_margin: float = 0.05, refresh_every: int = 64, refresh_close: float = 0.5,
-                 prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.99):
+                 prior_strength: float = 8.0, prior_alpha: float = 0.6, decay: float = 0.99,
+                 long_decay: float = 0.999):
         self.max_k = max_k
         self.cost = CostModel(min_samples=min_samples)
         self.min_samples = min_samples
@@ -324,6 +325,10 @@ class GoodputPolicy:
         self.decay = decay
         self.reached = [0.0] * max_k  # deployment: draft position i was verified (decayed counts)
         self.accepted_at = [0.0] * max_k  # … and accepted
+        # the same counts over the long run: aged only by steps that draft (half-life ~700 of them)
+        self.long_decay = long_decay
+        self.long_reached = [0.0] * max_k
+        self.long_accepted = [0.0] * max_k
         self.steps_at: collections.Counter = collections.Counter()  # B → steps chosen at B
         self.chosen: collections.Counter = collections.Counter()  # k → steps
         self.chosen_at: collections.Counter = collections.Counter()  # (B, k) → steps
@@ -345,10 +350,21 @@ class GoodputPolicy:
     # ---------------------------------------------------------------- acceptance
 
     def deployment_alphas(self) -> list[float]:
-        """α_i of the deployment; a position never verified takes the one before it (the prior first)."""
-        out, prev = [], self.prior_alpha
-        for r, a in zip(self.reached, self.accepted_at):
-            prev = (a + 2.0 * prev) / (r + 2.0)
+        """α_i of the deployment: its recent counts with 2 pseudo-counts of a prior, which is the one
+        before it (the prior ``prior_alpha`` first) or the long-run α_i, whichever is higher.
+
+        The recent counts age every step, plain ones too, so that after low acceptance a probe's
+        few accepted tokens can move them (the prior, 0.6, is what recovery starts from). But a
+        deployment that measured 0.88 for hours and then decoded plainly at 4-8 rows for a few
+        hundred steps came back to one row believing 0.6: served on the Qwen pair (Sapphire Rapids,
+        2026-12-08-spr-refresh-restored), a lone request then ran all 63 steps plain, its catch-up
+        growing each step, and so did the next, until a probe: 1,607 plain one-row steps in the c=1
+        level. The long-run counts (aged only by drafting steps) keep what was measured; they never
+        lower the prior, so recovery after low acceptance is what it was."""
+        out, prev, long_prev = [], self.prior_alpha, self.prior_alpha
+        for i, (r, a) in enumerate(zip(self.reached, self.accepted_at)):
+            long_prev = (self.long_accepted[i] + 2.0 * long_prev) / (self.long_reached[i] + 2.0)
+            prev = (a + 2.0 * max(prev, long_prev)) / (r + 2.0)
             out.append(prev)
         return out
 
@@ -561,11 +577,18 @@ class GoodputPolicy:
         # drifts back toward the prior, so a probe's few accepted tokens can move it
         self.reached = [r * self.decay for r in self.reached]
         self.accepted_at = [a * self.decay for a in self.accepted_at]
+        if not cost_only and any(drafted for drafted, _ in rows):
+            self.long_reached = [r * self.long_decay for r in self.long_reached]
+            self.long_accepted = [a * self.long_decay for a in self.long_accepted]
         for drafted, accepted in rows:
             for i in range(min(accepted + 1, drafted, self.max_k)):
                 self.reached[i] += 1
                 if i < accepted:
                     self.accepted_at[i] += 1
+                if not cost_only:
+                    self.long_reached[i] += 1
+                    if i < accepted:
+                        self.long_accepted[i] += 1
 
     def served_view(self, max_batch: int) -> dict:
         """What a served engine reports on /metrics: the steps chosen per (B, k) so far, and the
