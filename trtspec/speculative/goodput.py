@@ -577,18 +577,18 @@ class GoodputPolicy:
         # drifts back toward the prior, so a probe's few accepted tokens can move it
         self.reached = [r * self.decay for r in self.reached]
         self.accepted_at = [a * self.decay for a in self.accepted_at]
-        if not cost_only and any(drafted for drafted, _ in rows):
+        # the long-run counts: only the proposer's drafts count, and only they age them
+        long_run = not cost_only and any(drafted for drafted, _ in rows)
+        if long_run:
             self.long_reached = [r * self.long_decay for r in self.long_reached]
             self.long_accepted = [a * self.long_decay for a in self.long_accepted]
         for drafted, accepted in rows:
             for i in range(min(accepted + 1, drafted, self.max_k)):
                 self.reached[i] += 1
+                self.long_reached[i] += long_run
                 if i < accepted:
                     self.accepted_at[i] += 1
-                if not cost_only:
-                    self.long_reached[i] += 1
-                    if i < accepted:
-                        self.long_accepted[i] += 1
+                    self.long_accepted[i] += long_run
 
     def served_view(self, max_batch: int) -> dict:
         """What a served engine reports on /metrics: the steps chosen per (B, k) so far, and the
